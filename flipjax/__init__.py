@@ -1,0 +1,6 @@
+"""flipjax: an inference engine and server for hybrid (full attention + Gated DeltaNet) models."""
+
+from flipjax.config import ModelConfig
+from flipjax.engine import Engine, Output
+
+__all__ = ["Engine", "ModelConfig", "Output"]

@@ -1,0 +1,105 @@
+"""Gated full attention (Qwen3-Next) and the masked GQA attention core it reads caches with.
+
+The module computes q/k/v and hands them to its layer cache's `update_and_attend`, so the same
+layer runs over a contiguous per-request cache here and over paged KV in the engine. Key
+positions travel with the keys: a cache marks empty rows with position -1 and the core masks
+them, which is all the causal and padding logic there is.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flipjax.config import ModelConfig
+from flipjax.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
+
+_MASKED = -1e30  # finite so an all-masked (padding) row gives a uniform softmax, not NaN
+
+
+def attention_core(
+    q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_pos: jax.Array
+) -> jax.Array:
+    """Causal GQA attention by position.
+
+    q: [B, T, H, D]; k, v: [B, S, Hkv, D]; q_pos: [B, T]; k_pos: [B, S] (-1 = empty).
+    Returns [B, T, H, D] in q's dtype.
+    """
+    b, t, h, d = q.shape
+    hkv = k.shape[2]
+    qg = q.reshape(b, t, hkv, h // hkv, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k).astype(jnp.float32) * (d**-0.5)
+    mask = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] >= 0)  # [B, T, S]
+    scores = jnp.where(mask[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d)
+
+
+class AttentionCache(Protocol):
+    def update_and_attend(
+        self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
+    ) -> tuple[jax.Array, AttentionCache]: ...
+
+
+class ContiguousKV(NamedTuple):
+    """One request row per batch entry, token t of a row stored at index t.
+
+    k, v: [B, max_len, kv_heads, head_dim].
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, batch: int, max_len: int, dtype: jnp.dtype) -> ContiguousKV:
+        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+    def update_and_attend(
+        self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
+    ) -> tuple[jax.Array, ContiguousKV]:
+        b, s = self.k.shape[:2]
+        rows = jnp.arange(b)[:, None]
+        # Padding (position -1) is sent out of bounds and dropped.
+        idx = jnp.where(positions >= 0, positions, s)
+        new_k = self.k.at[rows, idx].set(k.astype(self.k.dtype), mode="drop")
+        new_v = self.v.at[rows, idx].set(v.astype(self.v.dtype), mode="drop")
+        # Rows are filled contiguously, so every index <= a query's position is written.
+        k_pos = jnp.broadcast_to(jnp.arange(s)[None, :], (b, s))
+        out = attention_core(q, new_k.astype(q.dtype), new_v.astype(q.dtype), positions, k_pos)
+        return out, ContiguousKV(new_k, new_v)
+
+
+class Qwen3NextAttention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = Linear(cfg.hidden_size, h * d * 2, dtype=dtype, rngs=rngs)
+        self.k_proj = Linear(cfg.hidden_size, hkv * d, dtype=dtype, rngs=rngs)
+        self.v_proj = Linear(cfg.hidden_size, hkv * d, dtype=dtype, rngs=rngs)
+        self.o_proj = Linear(h * d, cfg.hidden_size, dtype=dtype, rngs=rngs)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, cache: AttentionCache
+    ) -> tuple[jax.Array, AttentionCache]:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        # Query and gate are interleaved per head: [.., heads, 2 * head_dim].
+        qg = self.q_proj(x).reshape(b, t, h, 2 * d)
+        q, gate = qg[..., :d], qg[..., d:].reshape(b, t, h * d)
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(x).reshape(b, t, hkv, d))
+        v = self.v_proj(x).reshape(b, t, hkv, d)
+        cos, sin = rotary_cos_sin(cfg, jnp.maximum(positions, 0))
+        q = apply_partial_rotary(q, cos, sin)
+        k = apply_partial_rotary(k, cos, sin)
+        out, cache = cache.update_and_attend(q, k, v, positions)
+        out = out.reshape(b, t, h * d) * jax.nn.sigmoid(gate)
+        return self.o_proj(out), cache

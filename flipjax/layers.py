@@ -1,0 +1,86 @@
+"""Small building blocks named and shaped as in the HF checkpoint, so weight loading is a rename.
+
+`Linear.weight` is `[out, in]` like `nn.Linear`. The two RMSNorm flavours differ on purpose:
+the layer norms are zero-centred (`1 + w`), the GDN output norm is not (`w`). Both normalise in
+fp32 because the checkpoints were trained that way.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flipjax.config import ModelConfig
+
+
+def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float) -> jax.Array:
+    return (jax.random.normal(rngs.params(), shape, jnp.float32) * std).astype(dtype)
+
+
+class Linear(nnx.Module):
+    """Bias-free linear layer; weight: [out, in]."""
+
+    def __init__(self, in_features: int, out_features: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.weight = nnx.Param(_normal(rngs, (out_features, in_features), dtype, 0.02))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.einsum("...i,oi->...o", x, self.weight[...])
+
+
+class Embedding(nnx.Module):
+    """weight: [vocab, hidden]."""
+
+    def __init__(self, vocab: int, hidden: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.weight = nnx.Param(_normal(rngs, (vocab, hidden), dtype, 0.02))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return jnp.take(self.weight[...], tokens, axis=0)
+
+
+class RMSNorm(nnx.Module):
+    """Zero-centred RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), in fp32."""
+
+    def __init__(self, dim: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.weight = nnx.Param(jnp.zeros((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
+
+
+class RMSNormGated(nnx.Module):
+    """GDN output norm: (w * norm(x)) * silu(z); not zero-centred."""
+
+    def __init__(self, dim: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array, z: jax.Array) -> jax.Array:
+        dtype = x.dtype
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        y = self.weight[...] * y.astype(dtype)
+        return (y * jax.nn.silu(z.astype(jnp.float32))).astype(dtype)
+
+
+def rotary_cos_sin(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos, sin: [..., rotary_dim] for integer positions [...] (frequencies repeated twice)."""
+    rot = cfg.rotary_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, rot, 2, dtype=jnp.float32) / rot))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_partial_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x: [B, T, heads, head_dim]; cos/sin: [B, T, rot]. Rotates the first rot dims only."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = jnp.concatenate([-x_rot[..., half:], x_rot[..., :half]], axis=-1)
+    cos = cos[:, :, None, :].astype(x.dtype)
+    sin = sin[:, :, None, :].astype(x.dtype)
+    return jnp.concatenate([x_rot * cos + rotated * sin, x_pass], axis=-1)

@@ -1,0 +1,79 @@
+"""Feed-forward blocks: the dense SwiGLU MLP and the sparse MoE with a gated shared expert.
+
+The MoE sends each token only to its chosen experts: assignments are sorted by expert and run
+as one grouped matmul (`jax.lax.ragged_dot`), so cost scales with top-k, not with the expert
+count. Expert weights are stacked `[experts, in, out]` (the loader transposes the checkpoint's
+per-expert `[out, in]` once) because that is the operand shape the grouped matmul takes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flipjax.config import ModelConfig
+from flipjax.layers import Linear
+
+
+class Qwen3NextMLP(nnx.Module):
+    def __init__(self, hidden: int, intermediate: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.gate_proj = Linear(hidden, intermediate, dtype=dtype, rngs=rngs)
+        self.up_proj = Linear(hidden, intermediate, dtype=dtype, rngs=rngs)
+        self.down_proj = Linear(intermediate, hidden, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3NextExperts(nnx.Module):
+    """gate_proj, up_proj: [E, hidden, moe_inter]; down_proj: [E, moe_inter, hidden]."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+
+        def init(shape: tuple[int, ...]) -> nnx.Param:
+            w = jax.random.normal(rngs.params(), shape, jnp.float32) * 0.02
+            return nnx.Param(w.astype(dtype))
+
+        self.gate_proj = init((e, h, i))
+        self.up_proj = init((e, h, i))
+        self.down_proj = init((e, i, h))
+
+    def __call__(self, x: jax.Array, top_idx: jax.Array, top_w: jax.Array) -> jax.Array:
+        """x: [N, H]; top_idx, top_w: [N, k]. Returns sum_k w * expert_k(x): [N, H]."""
+        n, k = top_idx.shape
+        num_experts = self.gate_proj.shape[0]
+        flat_expert = top_idx.reshape(-1)
+        order = jnp.argsort(flat_expert, stable=True)
+        token = order // k
+        group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
+        xs = x[token]
+        h_gate = jax.lax.ragged_dot(xs, self.gate_proj[...], group_sizes)
+        h_up = jax.lax.ragged_dot(xs, self.up_proj[...], group_sizes)
+        y = jax.lax.ragged_dot(jax.nn.silu(h_gate) * h_up, self.down_proj[...], group_sizes)
+        y = y * top_w.reshape(-1)[order][:, None].astype(y.dtype)
+        return jnp.zeros((n, x.shape[-1]), y.dtype).at[token].add(y)
+
+
+class Qwen3NextSparseMoeBlock(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, dtype=dtype, rngs=rngs)
+        self.experts = Qwen3NextExperts(cfg, dtype=dtype, rngs=rngs)
+        self.shared_expert = Qwen3NextMLP(
+            cfg.hidden_size, cfg.shared_expert_intermediate_size, dtype=dtype, rngs=rngs
+        )
+        self.shared_expert_gate = Linear(cfg.hidden_size, 1, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.gate(x)
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        top_w, top_idx = jax.lax.top_k(probs, self.cfg.num_experts_per_tok)
+        if self.cfg.norm_topk_prob:
+            top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
+        routed = self.experts(x, top_idx, top_w.astype(x.dtype))
+        shared = jax.nn.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return (routed + shared).reshape(shape)

@@ -1,0 +1,59 @@
+"""The embedded default model `tiny`: a seeded, untrained hybrid Qwen3-Next and its tokenizer.
+
+It exists so that every command and test runs with no download. Its outputs are deterministic
+nonsense; say so wherever it is served.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from flipjax.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from flipjax.model import Qwen3NextForCausalLM
+from flipjax.tokenizer import ByteTokenizer
+
+TINY_NAME = "tiny"
+TINY_SEED = 0
+TINY_DESCRIPTION = "flipjax tiny: untrained, seeded random weights (outputs are meaningless)"
+
+
+def tiny_config() -> ModelConfig:
+    n_layers = 8
+    return ModelConfig(
+        vocab_size=320,  # 256 bytes + specials, padded to a multiple of 64
+        hidden_size=256,
+        num_hidden_layers=n_layers,
+        layer_types=tuple(
+            FULL_ATTENTION if (i + 1) % 4 == 0 else LINEAR_ATTENTION for i in range(n_layers)
+        ),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        linear_conv_kernel_dim=4,
+        intermediate_size=512,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=256,
+        decoder_sparse_step=2,  # layers 1, 3, 5, 7 are MoE, the rest dense
+        eos_token_id=ByteTokenizer().eos_token_id,
+    )
+
+
+def tiny_model(dtype: jnp.dtype) -> Qwen3NextForCausalLM:
+    model = Qwen3NextForCausalLM(tiny_config(), dtype=dtype, rngs=nnx.Rngs(TINY_SEED))
+    # Norm weights start at 0 (or 1); perturb every parameter so a norm bug cannot hide.
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    keys = jax.random.split(jax.random.PRNGKey(TINY_SEED + 1), len(leaves))
+    leaves = [
+        (x + 0.05 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
+        for x, k in zip(leaves, keys, strict=True)
+    ]
+    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))

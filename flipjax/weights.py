@@ -1,0 +1,133 @@
+"""Load HF safetensors checkpoints (single file or sharded) into the NNX parameter state.
+
+Every expected tensor must be present with its exact shape, and every tensor in the files must
+be used (`mtp.*`, the multi-token-prediction head, is the one known extra and is skipped).
+Problems are collected and reported together, by name, before anything is built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+
+from flipjax.config import ModelConfig
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+_IGNORED_PREFIXES = ("mtp.",)
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match the model its config describes."""
+
+
+def param_name(path: tuple[Any, ...]) -> str:
+    """Dotted checkpoint-style name of a flattened NNX state path."""
+    parts = []
+    for key in path:
+        name = getattr(key, "key", getattr(key, "name", getattr(key, "idx", key)))
+        if name == "value":
+            continue
+        parts.append(str(name))
+    return ".".join(parts)
+
+
+def _tensor_files(path: str) -> dict[str, str]:
+    """Map every tensor name to the file that holds it."""
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, SINGLE_FILE)
+    if not os.path.exists(single):
+        raise CheckpointError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+    with safe_open(single, framework="np") as f:
+        return {name: single for name in f.keys()}
+
+
+class _Reader:
+    """Opens each shard once and reads tensors lazily by name."""
+
+    def __init__(self, files: dict[str, str]):
+        self.files = files
+        self._handles: dict[str, Any] = {}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def read(self, name: str) -> np.ndarray:
+        return self._handle(name).get_tensor(name)
+
+    def _handle(self, name: str) -> Any:
+        file = self.files[name]
+        if file not in self._handles:
+            self._handles[file] = safe_open(file, framework="np")
+        return self._handles[file]
+
+
+def _sources(name: str, shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Checkpoint tensors (and their expected shapes) that make up one model parameter."""
+    match = _EXPERT.match(name)
+    if match is None:
+        yield name, shape
+        return
+    prefix, proj = match.groups()
+    # Ours is [E, in, out]; the checkpoint has one [out, in] tensor per expert.
+    for e in range(shape[0]):
+        yield f"{prefix}.{e}.{proj}.weight", (shape[2], shape[1])
+
+
+def load_params(path: str, cfg: ModelConfig, abstract: nnx.State, dtype: jnp.dtype) -> nnx.State:
+    """Fill `abstract` (an eval_shape'd NNX state) from the safetensors files under `path`."""
+    reader = _Reader(_tensor_files(path))
+    available = set(reader.files)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+    missing: list[str] = []
+    misshaped: list[str] = []
+    used: set[str] = set()
+    plan: list[list[str]] = []
+    for key_path, leaf in leaves:
+        name = param_name(key_path)
+        parts = []
+        for src, want in _sources(name, tuple(leaf.shape)):
+            parts.append(src)
+            if src not in available:
+                missing.append(src)
+                continue
+            used.add(src)
+            got = reader.shape(src)
+            if got != want:
+                misshaped.append(f"{src} (expected {list(want)}, found {list(got)})")
+        plan.append(parts)
+    unexpected = sorted(n for n in available - used if not n.startswith(_IGNORED_PREFIXES))
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {', '.join(sorted(missing))}")
+    if misshaped:
+        problems.append(f"wrongly shaped tensors: {', '.join(misshaped)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {path} does not match its config: " + "; ".join(problems)
+        )
+
+    arrays = []
+    for (key_path, _), parts in zip(leaves, plan, strict=True):
+        if not _EXPERT.match(param_name(key_path)):
+            host = reader.read(parts[0])
+        else:
+            host = np.stack([reader.read(p).T for p in parts])
+        arrays.append(jnp.asarray(host, dtype=dtype))
+    return jax.tree_util.tree_unflatten(treedef, arrays)

@@ -1,0 +1,1 @@
+"""Layouts (stage pipeline, tensor parallel) and the live phase flip between them."""

@@ -1,0 +1,1 @@
+"""The content-addressed KV store: host RAM and disk tiers, layout-neutral entries."""
