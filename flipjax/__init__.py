@@ -2,5 +2,6 @@
 
 from flipjax.config import ModelConfig
 from flipjax.engine import Engine, Output
+from flipjax.sampling import SamplingParams
 
-__all__ = ["Engine", "ModelConfig", "Output"]
+__all__ = ["Engine", "ModelConfig", "Output", "SamplingParams"]

@@ -1,9 +1,8 @@
-"""Gated full attention (Qwen3-Next) and the masked GQA attention core it reads caches with.
+"""Gated full attention (Qwen3-Next) and the contiguous per-request KV cache.
 
 The module computes q/k/v and hands them to its layer cache's `update_and_attend`, so the same
-layer runs over a contiguous per-request cache here and over paged KV in the engine. Key
-positions travel with the keys: a cache marks empty rows with position -1 and the core masks
-them, which is all the causal and padding logic there is.
+layer runs over a contiguous per-request cache (`ContiguousKV`, the reference) and over paged
+KV in the engine (`flipjax.paged.PagedKV`). Masking is by position: padding has position -1.
 """
 
 from __future__ import annotations
@@ -16,27 +15,7 @@ from flax import nnx
 
 from flipjax.config import ModelConfig
 from flipjax.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
-
-_MASKED = -1e30  # finite so an all-masked (padding) row gives a uniform softmax, not NaN
-
-
-def attention_core(
-    q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_pos: jax.Array
-) -> jax.Array:
-    """Causal GQA attention by position.
-
-    q: [B, T, H, D]; k, v: [B, S, Hkv, D]; q_pos: [B, T]; k_pos: [B, S] (-1 = empty).
-    Returns [B, T, H, D] in q's dtype.
-    """
-    b, t, h, d = q.shape
-    hkv = k.shape[2]
-    qg = q.reshape(b, t, hkv, h // hkv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k).astype(jnp.float32) * (d**-0.5)
-    mask = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] >= 0)  # [B, T, S]
-    scores = jnp.where(mask[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, d)
+from kernels_pallas.paged_attention import masked_attention
 
 
 class AttentionCache(Protocol):
@@ -70,7 +49,7 @@ class ContiguousKV(NamedTuple):
         new_v = self.v.at[rows, idx].set(v.astype(self.v.dtype), mode="drop")
         # Rows are filled contiguously, so every index <= a query's position is written.
         k_pos = jnp.broadcast_to(jnp.arange(s)[None, :], (b, s))
-        out = attention_core(q, new_k.astype(q.dtype), new_v.astype(q.dtype), positions, k_pos)
+        out = masked_attention(q, new_k.astype(q.dtype), new_v.astype(q.dtype), positions, k_pos)
         return out, ContiguousKV(new_k, new_v)
 
 

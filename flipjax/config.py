@@ -216,3 +216,42 @@ def _validate(c: ModelConfig) -> None:
             raise ValueError("moe_intermediate_size: must be positive when experts are used")
     if any_dense and c.intermediate_size <= 0:
         raise ValueError("intermediate_size: must be positive for dense MLP layers")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine pools and batches. Sizes are counts, not bytes."""
+
+    page_size: int = 16
+    num_pages: int = 1024
+    max_running_requests: int = 32
+    num_slots: int | None = None  # GDN state slots; default max_running_requests
+    max_prefill_tokens: int = 2048  # prefill token budget per step
+    max_model_len: int | None = None  # prompt + output cap; default the model's context
+
+    def __post_init__(self) -> None:
+        for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.num_slots is not None and self.num_slots < self.max_running_requests:
+            raise ValueError(
+                f"num_slots: {self.num_slots} is below max_running_requests "
+                f"{self.max_running_requests}; every running request holds a slot"
+            )
+
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
+
+    @property
+    def slots(self) -> int:
+        return self.num_slots if self.num_slots is not None else self.max_running_requests
+
+    def model_len(self, cfg: ModelConfig) -> int:
+        """The context this engine serves: max_model_len, capped by the model's own."""
+        limit = cfg.max_position_embeddings
+        if self.max_model_len is not None and self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len: {self.max_model_len} exceeds the model's context {limit}"
+            )
+        return self.max_model_len or limit

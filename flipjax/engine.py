@@ -1,44 +1,54 @@
-"""The offline engine: load a model, score prompts, generate greedily.
+"""The engine: load a model, then serve requests by continuous batching over pooled state.
 
-`Engine` is the entry point the other parts and outside checks use. This version runs a batch of
-prompts over one contiguous cache (right-padded rows, padding marked by position -1). Shapes are
-bucketed to powers of two so a mix of prompt lengths reuses a few compiled programs.
+`Engine` is the entry point the server, the tests and sharding experiments use:
+`add_request` / `step` / `abort` drive it incrementally, `generate` runs a list of prompts to
+completion. Requests share one pool of KV pages and GDN slots; a finished or aborted request
+frees its ids at once. `prompt_logits` runs the contiguous reference forward, which is what the
+paged path is tested against.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
-from dataclasses import dataclass, field
+import secrets
+import time
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax.config import ModelConfig
+from flipjax.buckets import pow2_bucket
+from flipjax.cache import PagePool, SlotPool
+from flipjax.config import EngineConfig, ModelConfig
 from flipjax.model import Qwen3NextForCausalLM, forward, init_cache
+from flipjax.model_runner import ModelRunner, Row
+from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams
+from flipjax.scheduler import Scheduler
+from flipjax.sequence import Sequence, TokenLogprob
+from flipjax.stopping import append_token
 from flipjax.tiny import TINY_NAME, tiny_model
 from flipjax.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from flipjax.weights import load_params
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-_MIN_BUCKET = 16
 
 
 @dataclass
 class Output:
-    """One prompt's result. `token_ids` holds the generated ids only."""
+    """One request's result. `token_ids` holds the generated ids only."""
 
+    request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str = "length"  # "stop" when the model emitted its end-of-sequence token
-
-
-def bucket(n: int) -> int:
-    """Smallest power of two >= n (at least _MIN_BUCKET)."""
-    return max(_MIN_BUCKET, 1 << (max(n, 1) - 1).bit_length())
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop", "length" or "abort"
+    logprobs: list[TokenLogprob] | None
+    ttft_s: float | None  # arrival to first token
+    e2e_s: float  # arrival to finish
 
 
 def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
@@ -51,13 +61,31 @@ def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
 
 class Engine:
     def __init__(
-        self, model: Qwen3NextForCausalLM, tokenizer: Tokenizer, name: str, dtype: jnp.dtype
+        self,
+        model: Qwen3NextForCausalLM,
+        tokenizer: Tokenizer,
+        name: str,
+        dtype: jnp.dtype,
+        engine_config: EngineConfig | None = None,
     ):
         self.config: ModelConfig = model.cfg
+        self.engine_config = ec = engine_config or EngineConfig()
         self.tokenizer = tokenizer
         self.name = name
         self.dtype = dtype
         self.graphdef, self.params = nnx.split(model)
+        self.pages = PagePool(ec.num_pages, "kv pages")
+        self.slots = SlotPool(ec.slots, "gdn slots")
+        self.scheduler = Scheduler(
+            self.pages, self.slots, ec.page_size, ec.max_running_requests, ec.max_prefill_tokens
+        )
+        self.max_model_len = ec.model_len(self.config)
+        self.runner = ModelRunner(
+            self.config, self.graphdef, self.params, dtype, ec.page_size, ec.num_pages, ec.slots,
+            self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens,
+        )  # fmt: skip
+        self._requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
         self._forward = jax.jit(
             functools.partial(forward, self.graphdef),
             static_argnames=("last_only",),
@@ -65,19 +93,25 @@ class Engine:
         )
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype: str | jnp.dtype = "float32") -> Engine:
-        """`path` is a HF checkpoint folder, or "tiny" for the embedded untrained model."""
+    def from_pretrained(
+        cls, path: str, dtype: str | jnp.dtype = "float32", **engine_options: int | None
+    ) -> Engine:
+        """`path` is a HF checkpoint folder, or "tiny" for the embedded untrained model.
+
+        `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
+        """
         jdtype = parse_dtype(dtype)
+        ec = EngineConfig(**engine_options)
         if path == TINY_NAME:
-            return cls(tiny_model(jdtype), ByteTokenizer(), TINY_NAME, jdtype)
+            return cls(tiny_model(jdtype), ByteTokenizer(), TINY_NAME, jdtype, ec)
         if not os.path.isdir(path):
             raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
         cfg = ModelConfig.from_hf(path)
         abstract = nnx.eval_shape(lambda: Qwen3NextForCausalLM(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
         graphdef, abstract_state = nnx.split(abstract)
-        params = load_params(path, cfg, abstract_state, jdtype)
-        model = nnx.merge(graphdef, params)
-        return cls(model, load_tokenizer(path, cfg.eos_token_id), os.path.basename(path), jdtype)
+        model = nnx.merge(graphdef, load_params(path, cfg, abstract_state, jdtype))
+        tokenizer = load_tokenizer(path, cfg.eos_token_id)
+        return cls(model, tokenizer, os.path.basename(os.path.normpath(path)), jdtype, ec)
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -85,78 +119,171 @@ class Engine:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("prompt: is empty")
-        bad = [
-            t
-            for t in ids
-            if not isinstance(t, (int, np.integer)) or not 0 <= t < self.config.vocab_size
-        ]
+        vocab = self.config.vocab_size
+        bad = [t for t in ids if not isinstance(t, (int, np.integer)) or not 0 <= t < vocab]
         if bad:
-            vocab = self.config.vocab_size
             raise ValueError(f"prompt: token ids {bad[:8]} are outside the vocabulary [0, {vocab})")
         return [int(t) for t in ids]
 
     def _check_length(self, total: int) -> None:
-        limit = self.config.max_position_embeddings
+        limit = self.max_model_len
         if total > limit:
-            raise ValueError(f"prompt: {total} tokens exceed max_position_embeddings {limit}")
+            raise ValueError(f"max_tokens: {total} tokens in all exceed the context {limit}")
 
-    # -- scoring and generation -----------------------------------------------------------------
+    # -- incremental API ------------------------------------------------------------------------
 
-    def prompt_logits(self, token_ids: list[int]) -> np.ndarray:
-        """Logits for every prompt position: [len(token_ids), vocab], float32."""
-        ids = self.encode_prompt(token_ids)
-        self._check_length(len(ids))
-        tokens, positions = _right_pad([ids], bucket(len(ids)))
-        cache = init_cache(self.config, 1, bucket(len(ids)), self.dtype)
-        logits, _ = self._forward(self.params, tokens, positions, cache)
-        return np.asarray(logits[0, : len(ids)])
+    def add_request(
+        self,
+        prompt: str | list[int],
+        sampling: SamplingParams | None = None,
+        request_id: str | None = None,
+        max_new_tokens: int = 16,
+    ) -> str:
+        """Queue a request; returns its id. Refusals raise ValueError and queue nothing."""
+        params = sampling if sampling is not None else SamplingParams.greedy()
+        ids = self.encode_prompt(prompt)
+        max_tokens = params.max_tokens if params.max_tokens is not None else max_new_tokens
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens: must be positive, got {max_tokens}")
+        self._check_length(len(ids) + max_tokens)
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self._requests:
+            raise ValueError(f"request_id: {request_id!r} is already in flight")
+        seed = params.seed if params.seed is not None else secrets.randbits(32)
+        seq = Sequence(request_id, ids, params, max_tokens, seed)
+        self.scheduler.add(seq)
+        self._requests[request_id] = seq
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[Output]:
+        """Run one scheduler step; returns the requests that finished in it."""
+        plan = self.scheduler.schedule()
+        finished: list[Sequence] = []
+        for c in plan.prefill:
+            row = Row(c.seq.all_ids[c.start : c.start + c.length], c.start, c.seq.pages, c.seq.slot)
+            logits = self.runner.run([row], decode=False)
+            c.seq.num_computed += c.length
+            if c.completes_prompt:
+                finished += self._sample(logits, [c.seq])
+        if plan.decode:
+            rows = [Row(s.all_ids[-1:], s.num_computed, s.pages, s.slot) for s in plan.decode]
+            logits = self.runner.run(rows, decode=True)
+            for s in plan.decode:
+                s.num_computed += 1
+            finished += self._sample(logits, list(plan.decode))
+        return [self._finish(s) for s in finished]
+
+    def abort(self, request_id: str) -> Output:
+        """Stop a request now and free its pages and slot."""
+        seq = self._requests.get(request_id)
+        if seq is None:
+            raise KeyError(f"request_id: {request_id!r} is not in flight")
+        seq.finish_reason = "abort"
+        return self._finish(seq)
+
+    def check(self) -> None:
+        """Prove the pools' ledgers are consistent (free + owned == total)."""
+        self.pages.check()
+        self.slots.check()
+
+    def warmup(self) -> None:
+        """Compile every step shape now, so serving never compiles the model step later."""
+        self.runner.warmup()
+
+    @property
+    def compile_count(self) -> int:
+        return self.runner.compiles.count
+
+    # -- offline API ----------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[str] | list[list[int]], max_new_tokens: int = 16
+        self,
+        prompts: list[str] | list[list[int]],
+        max_new_tokens: int = 16,
+        sampling: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[Output]:
-        """Greedy generation for every prompt, batched over one cache."""
-        if max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens: must be positive, got {max_new_tokens}")
-        if not prompts:
-            return []
-        encoded = [self.encode_prompt(p) for p in prompts]
-        longest = max(len(p) for p in encoded)
-        self._check_length(longest + max_new_tokens)
-        tokens, positions = _right_pad(encoded, bucket(longest))
-        cache = init_cache(self.config, len(encoded), bucket(longest + max_new_tokens), self.dtype)
-        logits, cache = self._forward(self.params, tokens, positions, cache, last_only=True)
+        """Run every prompt to completion; greedy unless `sampling` says otherwise.
 
-        outputs = [Output(prompt_token_ids=p) for p in encoded]
-        lengths = np.array([len(p) for p in encoded])
-        running = np.ones(len(encoded), bool)
-        eos = self.tokenizer.eos_token_id
-        for step in range(max_new_tokens):
-            next_ids = np.argmax(np.asarray(logits), axis=-1)
-            for i in np.flatnonzero(running):
-                outputs[i].token_ids.append(int(next_ids[i]))
-                if eos is not None and next_ids[i] == eos:
-                    outputs[i].finish_reason = "stop"
-                    running[i] = False
-            if step == max_new_tokens - 1 or not running.any():
-                break
-            # Finished rows get position -1 so their cache stays as it was.
-            pos = np.where(running, lengths + step, -1)[:, None].astype(np.int32)
-            logits, cache = self._forward(
-                self.params,
-                jnp.asarray(next_ids[:, None].astype(np.int32)),
-                jnp.asarray(pos),
-                cache,
-                last_only=True,
-            )
-        for out in outputs:
-            out.text = self.tokenizer.decode(out.token_ids)
-        return outputs
+        `sampling` is one SamplingParams for all prompts or one per prompt; its `max_tokens`
+        wins over `max_new_tokens`. A refused prompt refuses the whole call, queuing nothing.
+        """
+        if isinstance(sampling, list):
+            if len(sampling) != len(prompts):
+                raise ValueError(
+                    f"sampling: {len(sampling)} SamplingParams for {len(prompts)} prompts"
+                )
+            per_prompt = sampling
+        else:
+            per_prompt = [sampling] * len(prompts)
+        ids: list[str] = []
+        try:
+            for prompt, params in zip(prompts, per_prompt, strict=True):
+                ids.append(self.add_request(prompt, params, max_new_tokens=max_new_tokens))
+        except ValueError:
+            for request_id in ids:
+                self.abort(request_id)
+            raise
+        done: dict[str, Output] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                done[out.request_id] = out
+        return [done[i] for i in ids]
 
+    def prompt_logits(self, token_ids: list[int]) -> np.ndarray:
+        """Logits for every prompt position, [len(token_ids), vocab] float32 (contiguous path)."""
+        ids = self.encode_prompt(token_ids)
+        self._check_length(len(ids))
+        width = pow2_bucket(len(ids), 16)
+        tokens = np.zeros((1, width), np.int32)
+        positions = np.full((1, width), -1, np.int32)
+        tokens[0, : len(ids)] = ids
+        positions[0, : len(ids)] = np.arange(len(ids))
+        cache = init_cache(self.config, 1, width, self.dtype)
+        logits, _ = self._forward(self.params, jnp.asarray(tokens), jnp.asarray(positions), cache)
+        return np.asarray(logits[0, : len(ids)])
 
-def _right_pad(rows: list[list[int]], width: int) -> tuple[jax.Array, jax.Array]:
-    tokens = np.zeros((len(rows), width), np.int32)
-    positions = np.full((len(rows), width), -1, np.int32)
-    for i, row in enumerate(rows):
-        tokens[i, : len(row)] = row
-        positions[i, : len(row)] = np.arange(len(row))
-    return jnp.asarray(tokens), jnp.asarray(positions)
+    # -- internals ------------------------------------------------------------------------------
+
+    def _sample(self, logits: jax.Array, seqs: list[Sequence | None]) -> list[Sequence]:
+        rows = [
+            SamplerRow(s.params, s.seed, s.prompt_ids, s.output_ids) if s is not None else None
+            for s in seqs
+        ]
+        out: SamplerOutputs = self.runner.sample(logits, rows)
+        finished = []
+        for i, seq in enumerate(seqs):
+            if seq is None:
+                continue
+            n = seq.params.logprobs
+            lp = None
+            if n is not None:
+                top = list(
+                    zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(), strict=True)
+                )
+                lp = TokenLogprob(int(out.tokens[i]), float(out.logprob[i]), top)
+            append_token(seq, int(out.tokens[i]), lp, self.tokenizer, self.max_model_len)
+            if seq.finish_reason is not None:
+                finished.append(seq)
+        return finished
+
+    def _finish(self, seq: Sequence) -> Output:
+        self.scheduler.finish(seq)
+        del self._requests[seq.request_id]
+        seq.finish_time = time.perf_counter()
+        if not seq.params.stop or seq.finish_reason != "stop":
+            seq.text = self.tokenizer.decode(seq.output_ids)
+        return Output(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_ids,
+            token_ids=list(seq.output_ids),
+            text=seq.text,
+            finish_reason=seq.finish_reason or "abort",
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            ttft_s=None
+            if seq.first_token_time is None
+            else seq.first_token_time - seq.arrival_time,
+            e2e_s=seq.finish_time - seq.arrival_time,
+        )

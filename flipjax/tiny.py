@@ -42,6 +42,7 @@ def tiny_config() -> ModelConfig:
         moe_intermediate_size=128,
         shared_expert_intermediate_size=256,
         decoder_sparse_step=2,  # layers 1, 3, 5, 7 are MoE, the rest dense
+        max_position_embeddings=4096,
         eos_token_id=ByteTokenizer().eos_token_id,
     )
 

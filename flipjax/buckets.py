@@ -1,0 +1,12 @@
+"""Shape buckets: sizes are rounded up to powers of two so a few programs serve every batch."""
+
+from __future__ import annotations
+
+
+def pow2_bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    return max(minimum, 1 << (max(n, 1) - 1).bit_length())
+
+
+def pages_for(num_tokens: int, page_size: int) -> int:
+    return -(-num_tokens // page_size)

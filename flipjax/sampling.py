@@ -1,0 +1,232 @@
+"""Sampling: `SamplingParams` (validated on the host) and the batched sampler (on the device).
+
+Order: penalties, then temperature, then top-k, top-p and min-p (HF's warper order), then a
+draw. Temperature 0 is greedy. Each row draws with its own key, `fold_in(key(seed), step)`
+where step is the number of tokens that request has generated, so a seeded request gives the
+same tokens whatever else shares its batch, and after a retraction too. Returned logprobs are
+of the model's own distribution (before penalties and filters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flipjax.buckets import pow2_bucket
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_k: int = 0  # 0 or -1: no limit
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top alternatives; 0 = only the chosen token
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers but keep the dataclass hashable.
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _validate(self)
+
+    @classmethod
+    def greedy(cls, max_tokens: int | None = None) -> SamplingParams:
+        return cls(max_tokens=max_tokens, temperature=0.0)
+
+    def replace(self, **changes: object) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def uses_filters(self) -> bool:
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+def _validate(p: SamplingParams) -> None:
+    def bad(name: str, why: str) -> ValueError:
+        return ValueError(f"{name}: {why}, got {getattr(p, name)!r}")
+
+    if p.max_tokens is not None and p.max_tokens <= 0:
+        raise bad("max_tokens", "must be positive")
+    if not 0.0 <= p.temperature <= 100.0:
+        raise bad("temperature", "must be in [0, 100]")
+    if p.top_k < -1:
+        raise bad("top_k", "must be -1, 0 (no limit) or positive")
+    if not 0.0 < p.top_p <= 1.0:
+        raise bad("top_p", "must be in (0, 1]")
+    if not 0.0 <= p.min_p <= 1.0:
+        raise bad("min_p", "must be in [0, 1]")
+    if not 0.0 < p.repetition_penalty <= 10.0:
+        raise bad("repetition_penalty", "must be in (0, 10]")
+    if not -2.0 <= p.presence_penalty <= 2.0:
+        raise bad("presence_penalty", "must be in [-2, 2]")
+    if not -2.0 <= p.frequency_penalty <= 2.0:
+        raise bad("frequency_penalty", "must be in [-2, 2]")
+    if p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS:
+        raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}]")
+    if any(not s for s in p.stop):
+        raise bad("stop", "stop strings must be non-empty")
+
+
+class SamplerInputs(NamedTuple):
+    """Per-row arrays for one sampling call; B rows, padded rows are greedy and ignored."""
+
+    temperature: jax.Array  # [B] f32
+    top_k: jax.Array  # [B] i32, 0 = no limit
+    top_p: jax.Array  # [B] f32
+    min_p: jax.Array  # [B] f32
+    repetition_penalty: jax.Array  # [B] f32
+    presence_penalty: jax.Array  # [B] f32
+    frequency_penalty: jax.Array  # [B] f32
+    seed: jax.Array  # [B] u32
+    step: jax.Array  # [B] i32, tokens generated so far
+    prompt_ids: jax.Array  # [B, Lp] i32, -1 padded (only read with penalties)
+    output_ids: jax.Array  # [B, Lo] i32, -1 padded (only read with penalties)
+
+
+class SamplerOutputs(NamedTuple):
+    tokens: jax.Array  # [B] i32
+    logprob: jax.Array  # [B] f32, of the chosen token
+    top_ids: jax.Array  # [B, n] i32
+    top_logprobs: jax.Array  # [B, n] f32
+
+
+@dataclass
+class SamplerRow:
+    params: SamplingParams
+    seed: int
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+
+
+def build_inputs(rows: list[SamplerRow | None], batch: int) -> tuple[SamplerInputs, dict]:
+    """Pack rows (None = padding) into device arrays plus the static flags the sampler needs."""
+    greedy = SamplingParams.greedy()
+    params = [r.params if r is not None else greedy for r in rows] + [greedy] * (batch - len(rows))
+    penalties = any(p.uses_penalties for p in params)
+    lp = pow2_bucket(max((len(r.prompt_ids) for r in rows if r), default=1), 16) if penalties else 1
+    lo = pow2_bucket(max((len(r.output_ids) for r in rows if r), default=1), 16) if penalties else 1
+    prompt = np.full((batch, lp), -1, np.int32)
+    output = np.full((batch, lo), -1, np.int32)
+    seeds = np.zeros(batch, np.uint32)
+    steps = np.zeros(batch, np.int32)
+    for i, r in enumerate(rows):
+        if r is None:
+            continue
+        seeds[i] = r.seed & 0xFFFFFFFF
+        steps[i] = len(r.output_ids)
+        if penalties:
+            prompt[i, : len(r.prompt_ids)] = r.prompt_ids
+            output[i, : len(r.output_ids)] = r.output_ids
+
+    def col(name: str, dtype: type) -> jax.Array:
+        return jnp.asarray(np.array([getattr(p, name) for p in params], dtype))
+
+    inputs = SamplerInputs(
+        temperature=col("temperature", np.float32),
+        top_k=jnp.asarray(np.array([max(p.top_k, 0) for p in params], np.int32)),
+        top_p=col("top_p", np.float32),
+        min_p=col("min_p", np.float32),
+        repetition_penalty=col("repetition_penalty", np.float32),
+        presence_penalty=col("presence_penalty", np.float32),
+        frequency_penalty=col("frequency_penalty", np.float32),
+        seed=jnp.asarray(seeds),
+        step=jnp.asarray(steps),
+        prompt_ids=jnp.asarray(prompt),
+        output_ids=jnp.asarray(output),
+    )
+    num_logprobs = max((p.logprobs or 0 for p in params), default=0)
+    flags = dict(
+        use_penalties=penalties,
+        use_filters=any(p.uses_filters for p in params),
+        num_logprobs=pow2_bucket(num_logprobs) if num_logprobs else 0,
+    )
+    return inputs, flags
+
+
+def _counts(ids: jax.Array, vocab: int) -> jax.Array:
+    rows = jnp.arange(ids.shape[0])[:, None]
+    idx = jnp.where(ids >= 0, ids, vocab)
+    return jnp.zeros((ids.shape[0], vocab), jnp.int32).at[rows, idx].add(1, mode="drop")
+
+
+def _apply_penalties(logits: jax.Array, s: SamplerInputs) -> jax.Array:
+    vocab = logits.shape[-1]
+    out_counts = _counts(s.output_ids, vocab)
+    seen = (out_counts + _counts(s.prompt_ids, vocab)) > 0
+    rep = s.repetition_penalty[:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - s.frequency_penalty[:, None] * out_counts
+    return logits - s.presence_penalty[:, None] * (out_counts > 0)
+
+
+def _apply_filters(logits: jax.Array, s: SamplerInputs) -> jax.Array:
+    """Top-k, then top-p over what top-k kept (renormalised), then min-p, as HF's warpers do."""
+    vocab = logits.shape[-1]
+    sorted_logits = -jnp.sort(-logits, axis=-1)  # descending
+    rank = jnp.arange(vocab)[None, :]
+    keep = rank < jnp.where(s.top_k > 0, s.top_k, vocab)[:, None]
+    probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+    mass_above = jnp.cumsum(probs, axis=-1) - probs
+    keep &= mass_above < s.top_p[:, None]
+    # p_i >= min_p * p_max  <=>  l_i - l_max >= log(min_p); independent of normalisation.
+    keep &= sorted_logits - sorted_logits[:, :1] >= jnp.log(s.min_p)[:, None]
+    keep = keep.at[:, 0].set(True)
+    # The smallest kept logit is the row's cutoff; ties at the cutoff are kept.
+    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits >= cutoff, logits, -jnp.inf)
+
+
+@functools.partial(jax.jit, static_argnames=("use_penalties", "use_filters", "num_logprobs"))
+def sample(
+    logits: jax.Array,
+    s: SamplerInputs,
+    *,
+    use_penalties: bool,
+    use_filters: bool,
+    num_logprobs: int,
+) -> SamplerOutputs:
+    """logits: [B, V] float32 -> one token per row, with logprobs."""
+    logits = logits.astype(jnp.float32)
+    model_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    if use_penalties:
+        logits = _apply_penalties(logits, s)
+    greedy = jnp.argmax(logits, axis=-1)
+    scaled = logits / jnp.maximum(s.temperature, 1e-6)[:, None]
+    if use_filters:
+        scaled = _apply_filters(scaled, s)
+    keys = jax.vmap(lambda seed, step: jax.random.fold_in(jax.random.key(seed), step))(
+        s.seed, s.step
+    )
+    drawn = jax.vmap(jax.random.categorical)(keys, scaled)
+    tokens = jnp.where(s.temperature > 0, drawn, greedy).astype(jnp.int32)
+    chosen = jnp.take_along_axis(model_logprobs, tokens[:, None], axis=-1)[:, 0]
+    if num_logprobs:
+        top_lp, top_ids = jax.lax.top_k(model_logprobs, num_logprobs)
+    else:
+        top_lp = jnp.zeros((logits.shape[0], 0), jnp.float32)
+        top_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)
+    return SamplerOutputs(tokens, chosen, top_ids.astype(jnp.int32), top_lp)

@@ -1,0 +1,64 @@
+"""A request as the engine tracks it: its tokens, its pooled ids, and its progress.
+
+`num_computed` counts the tokens already fed through the model (their KV is in the request's
+pages, their effect in its GDN slot). The tokens still to feed are `all_ids[num_computed:]`:
+more than one means prefill, exactly one means decode. A retracted request drops its pages and
+slot and sets `num_computed` to 0, so it resumes by recomputing and loses no output.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from flipjax.sampling import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    seed: int
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+    slot: int | None = None
+    num_computed: int = 0
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    text: str = ""
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_pending == 1
