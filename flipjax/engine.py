@@ -144,7 +144,8 @@ class Engine:
         ids = self.encode_prompt(prompt)
         max_tokens = params.max_tokens if params.max_tokens is not None else max_new_tokens
         if max_tokens <= 0:
-            raise ValueError(f"max_tokens: must be positive, got {max_tokens}")
+            name = "max_tokens" if params.max_tokens is not None else "max_new_tokens"
+            raise ValueError(f"{name}: must be positive, got {max_tokens}")
         self._check_length(len(ids) + max_tokens)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
