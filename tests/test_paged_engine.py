@@ -177,7 +177,6 @@ def test_request_larger_than_the_pool_is_refused(model):
 def test_two_hundred_mixed_requests_leave_pools_free(model):
     rng = random.Random(0)
     eng = make(model, num_pages=48, max_running_requests=8, max_prefill_tokens=64)
-    eng.warmup()
     live: list[str] = []
     finished = 0
     for i in range(200):

@@ -42,12 +42,15 @@ PARAMS = [
     SamplingParams(top_k=20, top_p=0.8),
     SamplingParams(top_k=30, top_p=0.9, min_p=0.05),
     SamplingParams(top_p=0.95, min_p=0.3),
+    # on a flat row, top-p must measure mass within what top-k kept (renormalised)
+    SamplingParams(top_k=4, top_p=0.6),
 ]
 
 
 def test_filters_keep_what_hf_warpers_keep():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(len(PARAMS), VOCAB)).astype(np.float32) * 3
+    logits[-1] *= 0.1
     rows = [SamplerRow(p, seed=0) for p in PARAMS]
     inputs, _ = build_inputs(rows, len(rows))
     ours = np.asarray(_apply_filters(logits, inputs))
