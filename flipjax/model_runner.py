@@ -22,12 +22,13 @@ from flipjax.buckets import pages_for, pow2_bucket
 from flipjax.cache import CacheState, init_cache_state
 from flipjax.compile_counter import CompileCounter
 from flipjax.config import ModelConfig
-from flipjax.paged import model_step
+from flipjax.paged import model_step, write_slots
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams, build_inputs, sample
 
 MIN_PREFILL_BUCKET = 16
 
 _jitted_step = jax.jit(model_step, static_argnums=(0, 1), donate_argnums=(3,))
+_jitted_write_slots = jax.jit(write_slots, donate_argnums=(0,))
 
 
 @dataclass
@@ -112,17 +113,21 @@ class ModelRunner:
     def _run(
         self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
     ) -> jax.Array:
+        slot_ids = jnp.asarray(slots)
         with self.compiles.watch():
-            logits, self.state = _jitted_step(
+            logits, kv, rows = _jitted_step(
                 self.cfg,
                 self.graphdef,
                 self.params,
-                self.state,
+                self.state.kv,
+                self.state.gdn,
                 jnp.asarray(tokens),
                 jnp.asarray(positions),
                 jnp.asarray(table),
-                jnp.asarray(slots),
+                slot_ids,
             )
+            gdn = _jitted_write_slots(self.state.gdn, slot_ids, rows)
+        self.state = CacheState(kv=kv, gdn=gdn)
         return logits
 
 

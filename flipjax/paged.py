@@ -1,10 +1,15 @@
 """The engine's model step over pooled state: paged KV for attention, slots for GDN state.
 
-`model_step` is pure over (params, CacheState) and is what gets jitted, placed and, later,
-flipped between layouts. Rows are requests; a row's tokens continue its cached prefix (a
-decode row has one token, a prefill row a chunk). A row whose first position is 0 starts from a
-zero GDN state, so a recycled slot never leaks its previous owner's state. Padding rows carry
-slot id `num_slots` and position -1: their reads are zeros and their writes are dropped.
+A step is two programs. `model_step` reads the GDN slots, runs the model, writes new K/V into
+the pages (in place, donated) and returns the rows' new GDN states; `write_slots` then puts
+those rows back into the slot pools (in place, donated). The split is deliberate: in one
+program XLA fuses the slot gather into several consumers and, to keep the pool readable while
+updating it in place, copies every GDN pool on every step.
+
+Rows are requests; a row's tokens continue its cached prefix (a decode row has one token, a
+prefill row a chunk). A row whose first position is 0 starts from a zero GDN state, so a
+recycled slot never leaks its previous owner's state. Padding rows carry slot id `num_slots`
+and position -1: their reads are zeros and their writes are dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.cache import CacheState, GDNSlots, KVPages
+from flipjax.cache import GDNSlots, KVPages
 from flipjax.config import FULL_ATTENTION, ModelConfig
 from flipjax.gdn import GDNState
 from flipjax.model import forward
@@ -41,19 +46,21 @@ def model_step(
     cfg: ModelConfig,
     graphdef: nnx.GraphDef,
     params: nnx.State,
-    state: CacheState,
+    kv: tuple[KVPages, ...],
+    gdn: tuple[GDNSlots, ...],
     tokens: jax.Array,
     positions: jax.Array,
     page_table: jax.Array,
     slot_ids: jax.Array,
-) -> tuple[jax.Array, CacheState]:
+) -> tuple[jax.Array, tuple[KVPages, ...], tuple[GDNState, ...]]:
     """tokens, positions: [B, T]; page_table: [B, M]; slot_ids: [B].
 
-    Returns logits at each row's last real token, [B, vocab] float32, and the new state.
+    Returns logits at each row's last real token ([B, vocab] float32), the updated KV pages,
+    and each GDN layer's new per-row state ([B, ...]) for `write_slots`.
     """
     fresh = (positions[:, 0] == 0)[:, None, None, None]
     caches: list[Any] = []
-    kv_iter, gdn_iter = iter(state.kv), iter(state.gdn)
+    kv_iter, gdn_iter = iter(kv), iter(gdn)
     for layer_type in cfg.layer_types:
         if layer_type == FULL_ATTENTION:
             pages = next(kv_iter)
@@ -69,20 +76,23 @@ def model_step(
                 )
             )
     logits, new_caches = forward(graphdef, params, tokens, positions, tuple(caches), True)
-
-    kv, gdn = [], []
-    gdn_old = iter(state.gdn)
+    new_kv, rows = [], []
     for layer_type, new in zip(cfg.layer_types, new_caches, strict=True):
         if layer_type == FULL_ATTENTION:
-            kv.append(KVPages(new.k_pages, new.v_pages))
+            new_kv.append(KVPages(new.k_pages, new.v_pages))
         else:
-            slots = next(gdn_old)
-            gdn.append(
-                GDNSlots(
-                    recurrent=slots.recurrent.at[slot_ids].set(new.recurrent, mode="drop"),
-                    conv=slots.conv.at[slot_ids].set(
-                        new.conv.astype(slots.conv.dtype), mode="drop"
-                    ),
-                )
-            )
-    return logits, CacheState(kv=tuple(kv), gdn=tuple(gdn))
+            rows.append(new)
+    return logits, tuple(new_kv), tuple(rows)
+
+
+def write_slots(
+    gdn: tuple[GDNSlots, ...], slot_ids: jax.Array, rows: tuple[GDNState, ...]
+) -> tuple[GDNSlots, ...]:
+    """Write each row's new state into its slot; padding rows (out-of-range ids) are dropped."""
+    return tuple(
+        GDNSlots(
+            recurrent=slots.recurrent.at[slot_ids].set(row.recurrent, mode="drop"),
+            conv=slots.conv.at[slot_ids].set(row.conv.astype(slots.conv.dtype), mode="drop"),
+        )
+        for slots, row in zip(gdn, rows, strict=True)
+    )

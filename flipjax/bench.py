@@ -1,0 +1,24 @@
+"""`python -m flipjax.bench <what>`: measure flipjax against a peer in the same run.
+
+Benchmarks: `engine` (flipjax vs transformers, prefill and decode). Each reports ratios, since a
+single absolute time on a shared machine means little.
+"""
+
+from __future__ import annotations
+
+import sys
+
+BENCHMARKS = ("engine",)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        raise SystemExit(f"usage: python -m flipjax.bench {{{','.join(BENCHMARKS)}}} [options]")
+    if argv[0] == "engine":
+        from flipjax.benchmarks.engine import main as run
+    run(argv[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""`python -m flipjax.bench engine`: flipjax against transformers on the same model and CPU.
+
+Both run the same random-weight checkpoint in fp32 on 128-token prompts, greedy. For each batch
+size: prefill rate = prompt tokens / time to the first token; decode rate = batch * 64 / (time
+for 65 tokens - time for 1). The machine's copy bandwidth and a matvec over the weight bytes
+(the batch-1 decode floor: every weight is read once per step) are measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from flipjax.benchmarks.machine import copy_bandwidth_gbs, matmul_tflops, matvec_seconds
+from flipjax.benchmarks.memory import PeakRSS
+
+# The reference config of the engine benchmark (about 133M parameters).
+REFERENCE_CONFIG = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    num_hidden_layers=12,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 3,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    head_dim=64,
+    linear_num_key_heads=6,
+    linear_num_value_heads=12,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    intermediate_size=2048,
+    num_experts=0,
+    mlp_only_layers=list(range(12)),
+    tie_word_embeddings=False,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=None,
+)
+
+
+@dataclass
+class Timing:
+    prefill_tok_s: float
+    decode_tok_s: float
+    peak_mb: float
+
+
+def _measure(run: Callable[[int], None], batch: int, prompt_len: int, decode: int) -> Timing:
+    """run(n) generates n tokens for the whole batch; best of two of each length."""
+    with PeakRSS() as mem:
+        t1 = min(_timed(lambda: run(1)) for _ in range(2))
+        tn = min(_timed(lambda: run(decode + 1)) for _ in range(2))
+    return Timing(batch * prompt_len / t1, batch * decode / (tn - t1), mem.peak_delta / 2**20)
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flipjax.bench engine", description=__doc__)
+    p.add_argument("--batch-sizes", default="1,8,32")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=64)
+    args = p.parse_args(argv)
+    try:
+        import torch
+        from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    except ImportError as e:
+        raise SystemExit(f"bench engine needs the test extra (torch, transformers): {e}") from e
+    from flipjax import Engine, SamplingParams
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as folder:
+        torch.manual_seed(0)
+        hf = Qwen3NextForCausalLM(Qwen3NextConfig(**REFERENCE_CONFIG)).eval()
+        hf.save_pretrained(folder, safe_serialization=True)
+        n_params = sum(p.numel() for p in hf.parameters())
+        engine = Engine.from_pretrained(
+            folder, max_running_requests=max(batches), max_prefill_tokens=args.prompt_len,
+            max_model_len=args.prompt_len + args.decode_tokens + 16,
+            num_pages=max(batches) * ((args.prompt_len + args.decode_tokens) // 16 + 2),
+        )  # fmt: skip
+    t0 = time.perf_counter()
+    engine.warmup()
+    print(f"model: {n_params / 1e6:.0f}M parameters, fp32; flipjax warm-up compile "
+          f"{time.perf_counter() - t0:.0f} s ({engine.compile_count} programs)")  # fmt: skip
+
+    weight_bytes = 4 * n_params
+    bw = copy_bandwidth_gbs()
+    floor_s = matvec_seconds(weight_bytes)
+    print(f"machine: copy {bw:.1f} GB/s, fp32 matmul {matmul_tflops() * 1e3:.0f} GFLOP/s, "
+          f"matvec over {weight_bytes / 1e6:.0f} MB of weights {floor_s * 1e3:.1f} ms "
+          f"-> batch-1 decode bound {1 / floor_s:.1f} tok/s")  # fmt: skip
+
+    header = (
+        f"{'batch':>5} {'system':>12} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak MB':>8}"
+    )
+    print(header)
+    for batch in batches:
+        prompts = rng.integers(0, REFERENCE_CONFIG["vocab_size"], (batch, args.prompt_len))
+
+        def run_hf(n: int, prompts: np.ndarray = prompts) -> None:
+            with torch.no_grad():
+                hf.generate(torch.tensor(prompts), max_new_tokens=n, min_new_tokens=n,
+                            do_sample=False)  # fmt: skip
+
+        def run_fj(n: int, prompts: np.ndarray = prompts) -> None:
+            params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+            engine.generate([list(map(int, p)) for p in prompts], sampling=params)
+
+        fj = _measure(run_fj, batch, args.prompt_len, args.decode_tokens)
+        ref = _measure(run_hf, batch, args.prompt_len, args.decode_tokens)
+        for name, t in (("transformers", ref), ("flipjax", fj)):
+            print(f"{batch:>5} {name:>12} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f} "
+                  f"{t.peak_mb:>8.0f}")  # fmt: skip
+        print(f"{batch:>5} {'ratio':>12} {fj.prefill_tok_s / ref.prefill_tok_s:>13.2f}x "
+              f"{fj.decode_tok_s / ref.decode_tok_s:>12.2f}x")  # fmt: skip
+        if batch == 1:
+            print(f"      flipjax batch-1 decode is {fj.decode_tok_s * floor_s:.0%} of the "
+                  f"weight-read bound")  # fmt: skip
+    engine.check()

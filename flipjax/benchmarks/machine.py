@@ -1,0 +1,45 @@
+"""What this machine can do at best: copy bandwidth, matvec time over N bytes, matmul FLOP/s.
+
+Measured in the same run as the thing they bound, because shared machines drift.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def best_of(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Fastest wall time of `fn()` (blocked until ready) over `repeats` runs, after one warm-up."""
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def copy_bandwidth_gbs(nbytes: int = 512 << 20) -> float:
+    """Bytes read plus written per second by an on-device array copy."""
+    x = jnp.ones((nbytes // 4,), jnp.float32)
+    copy = jax.jit(lambda a: a * 1.0001)
+    return 2 * nbytes / best_of(lambda: copy(x)) / 1e9
+
+
+def matvec_seconds(nbytes: int, width: int = 768) -> float:
+    """Time of one fp32 matrix-vector product over a `nbytes` matrix: the batch-1 decode floor."""
+    rows = nbytes // (4 * width)
+    w = jnp.ones((rows, width), jnp.float32) * 0.5
+    v = jnp.ones((width,), jnp.float32)
+    mv = jax.jit(lambda a, b: a @ b)
+    return best_of(lambda: mv(w, v))
+
+
+def matmul_tflops(n: int = 2048) -> float:
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    return 2 * n**3 / best_of(lambda: mm(a)) / 1e12
