@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -216,3 +217,32 @@ def test_no_recompilation_after_warmup(model):
     eng.generate(workload[::-1], sampling=greedy)
     eng.generate(workload[2:5], sampling=hot)
     assert eng.compile_count == warm
+
+
+def test_step_updates_pools_in_place(engine):
+    """No step program copies a whole KV or GDN pool (a copy costs the pool's size per token)."""
+    from flipjax import model_runner
+
+    r = engine.runner
+    pool_shapes = {
+        f"f32[{','.join(map(str, a.shape))}]" for a in jax.tree_util.tree_leaves(r.state)
+    }
+    for t in (1, 16):
+        args = (
+            jnp.zeros((1, t), jnp.int32),
+            jnp.full((1, t), -1, jnp.int32),
+            jnp.zeros((1, r.table_width), jnp.int32),
+            jnp.full((1,), r.num_slots, jnp.int32),
+        )
+        text = (
+            model_runner._jitted_step.lower(
+                r.cfg, r.graphdef, r.params, r.state.kv, r.state.gdn, *args
+            )
+            .compile()
+            .as_text()
+        )
+        copies = [
+            line for line in text.splitlines()
+            if " copy(" in line and any(s in line.split("=")[1] for s in pool_shapes)
+        ]  # fmt: skip
+        assert not copies, copies[:3]
