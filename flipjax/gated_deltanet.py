@@ -1,7 +1,7 @@
 """The Gated DeltaNet mixer layer (Qwen3-Next `linear_attn`): projections, conv, delta rule.
 
-The math lives in `flipjax.gdn`; this module only shapes checkpoint tensors into its inputs. A
-single-token call takes the recurrent form (decode), anything longer the chunked form (prefill).
+The math lives in `flipjax.gdn`; this module only shapes checkpoint tensors into its inputs.
+`gdn.prefill_rule` picks the delta-rule form for the call's length and backend.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
             a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         )
-        rule = gdn.delta_rule_recurrent if t == 1 else gdn.delta_rule_chunked
+        rule = gdn.prefill_rule(t)
         o, recurrent = rule(q, k, v, g, beta, state.recurrent, valid)
 
         o = self.norm(o.astype(x.dtype), z)

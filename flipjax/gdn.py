@@ -11,6 +11,8 @@ the last real inputs. Never drop the fp32 casts: the state recurrence is unstabl
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 
 CHUNK_SIZE = 64
 _HI = jax.lax.Precision.HIGHEST
+PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
 
 
 class GDNState(NamedTuple):
@@ -185,3 +188,20 @@ def delta_rule_chunked(
     state, out = jax.lax.scan(body, state.astype(jnp.float32), xs)  # out: [N, B, H, C, dv]
     out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * c, dv)[:, :, :t]
     return jnp.swapaxes(out, 1, 2), state
+
+
+def prefill_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """The delta-rule form for a call over `num_tokens` tokens.
+
+    Decode (one token) is always the recurrence. For prefill the chunked form suits matrix
+    units; on the CPU XLA runs the scan about twice as fast (measured at 128 and 1024 tokens),
+    so it is the default there. `FLIPJAX_GDN_PREFILL=chunked|recurrent` overrides.
+    """
+    if num_tokens == 1:
+        return delta_rule_recurrent
+    form = os.environ.get(PREFILL_FORM_ENV) or (
+        "recurrent" if jax.default_backend() == "cpu" else "chunked"
+    )
+    if form not in ("chunked", "recurrent"):
+        raise ValueError(f"{PREFILL_FORM_ENV}: {form!r} is neither 'chunked' nor 'recurrent'")
+    return delta_rule_chunked if form == "chunked" else delta_rule_recurrent

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flipjax import Engine
+from flipjax import Engine, gdn
 from flipjax.model import forward, init_cache
 from tests.hf_oracle import CONFIGS, make_checkpoint
 
@@ -18,11 +18,11 @@ PROMPT = [5, 17, 99, 3, 42, 7, 64, 1, 88, 23, 11, 120, 9, 33, 71, 2, 45, 60, 12,
 def pair(request, tmp_path_factory):
     folder = str(tmp_path_factory.mktemp(request.param))
     hf = make_checkpoint(folder, seed=len(request.param), **CONFIGS[request.param])
-    return hf, Engine.from_pretrained(folder, dtype="float32")
+    return hf, Engine.from_pretrained(folder, dtype="float32"), folder
 
 
 def test_prompt_logits_match(pair):
-    hf, engine = pair
+    hf, engine, _ = pair
     with torch.no_grad():
         want = hf(torch.tensor([PROMPT])).logits[0].numpy()
     got = engine.prompt_logits(PROMPT)
@@ -31,7 +31,7 @@ def test_prompt_logits_match(pair):
 
 
 def test_greedy_generation_matches(pair):
-    hf, engine = pair
+    hf, engine, _ = pair
     with torch.no_grad():
         out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False)
     want = out[0, len(PROMPT) :].tolist()
@@ -41,7 +41,7 @@ def test_greedy_generation_matches(pair):
 
 def test_prefill_in_two_chunks_continues_exactly(pair):
     """Prefill [0:7] then [7:20] over the cache gives the one-shot (HF) logits."""
-    hf, engine = pair
+    hf, engine, _ = pair
     with torch.no_grad():
         want = hf(torch.tensor([PROMPT])).logits[0].numpy()
     cache = init_cache(engine.config, 1, 32, jnp.float32)
@@ -53,3 +53,13 @@ def test_prefill_in_two_chunks_continues_exactly(pair):
         logits, cache = forward(engine.graphdef, engine.params, tokens, positions, cache)
         parts.append(np.asarray(logits[0]))
     np.testing.assert_allclose(np.concatenate(parts), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("form", ["chunked", "recurrent"])
+def test_both_prefill_forms_match(pair, monkeypatch, form):
+    hf, _, folder = pair
+    monkeypatch.setenv(gdn.PREFILL_FORM_ENV, form)
+    with torch.no_grad():
+        want = hf(torch.tensor([PROMPT * 4])).logits[0].numpy()  # 80 tokens: two chunks
+    got = Engine.from_pretrained(folder).prompt_logits(PROMPT * 4)
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
