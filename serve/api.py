@@ -1,9 +1,9 @@
 """A minimal OpenAI-compatible HTTP API over the offline engine.
 
-What it serves today: `GET /health`, `GET /v1/models`, and non-streaming greedy
-`POST /v1/completions`. Anything it cannot honour yet (streaming, sampling) is refused with a
-400 naming the field rather than silently ignored. Engine calls are serialised by a lock and run
-off the event loop, so a long generation never blocks `/health`.
+What it serves today: `GET /health`, `GET /v1/models`, and non-streaming `POST /v1/completions`
+with the usual sampling fields. Anything it cannot honour yet (streaming) is refused with a 400
+naming the field rather than silently ignored. Engine calls are serialised by a lock and run off
+the event loop, so a long generation never blocks `/health`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flipjax.engine import Engine
+from flipjax.sampling import SamplingParams
 from flipjax.tiny import TINY_DESCRIPTION, TINY_NAME
 
 
@@ -29,8 +30,28 @@ class CompletionRequest(BaseModel):
     prompt: str | list[int]
     max_tokens: int = Field(default=16, gt=0)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     stream: bool = False
     user: str | None = None
+
+    def sampling_params(self) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k, min_p=self.min_p, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+            seed=self.seed, stop=stop, stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+        )  # fmt: skip
 
 
 def _error(status: int, message: str, param: str | None, kind: str) -> JSONResponse:
@@ -47,9 +68,9 @@ def create_app(engine: Engine) -> FastAPI:
     lock = threading.Lock()
     created = int(time.time())
 
-    def run_generate(prompt: str | list[int], max_tokens: int) -> Any:
+    def run_generate(prompt: str | list[int], params: SamplingParams) -> Any:
         with lock:
-            return engine.generate([prompt], max_new_tokens=max_tokens)[0]
+            return engine.generate([prompt], sampling=params)[0]
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -84,13 +105,8 @@ def create_app(engine: Engine) -> FastAPI:
             return _error(404, f"model: {req.model!r} is not served here", "model", "not_found")
         if req.stream:
             return _bad_request("stream: streaming is not supported by this server yet", "stream")
-        if req.temperature != 0.0:
-            return _bad_request(
-                "temperature: only greedy decoding (temperature 0) is supported yet",
-                "temperature",
-            )
         try:
-            out = await asyncio.to_thread(run_generate, req.prompt, req.max_tokens)
+            out = await asyncio.to_thread(run_generate, req.prompt, req.sampling_params())
         except ValueError as e:
             return _bad_request(str(e), str(e).split(":", 1)[0])
         return JSONResponse(

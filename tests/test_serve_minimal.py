@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from flipjax import Engine
+from flipjax import Engine, SamplingParams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,7 +78,10 @@ def test_completion_matches_offline_engine(client):
         (dict(model="tiny", prompt="x", max_tokens=0), "max_tokens"),
         (dict(model="tiny", prompt="", max_tokens=2), "prompt"),
         (dict(model="tiny", prompt=[999], max_tokens=2), "prompt"),
-        (dict(model="tiny", prompt="x", temperature=0.7), "temperature"),
+        (dict(model="tiny", prompt="x", temperature=3.0), "temperature"),
+        (dict(model="tiny", prompt="x", top_p=0), "top_p"),
+        (dict(model="tiny", prompt="x", max_tokens=5000), "max_tokens"),
+        (dict(model="tiny", prompt="x", bogus=1), "bogus"),
         (dict(model="tiny", prompt="x", stream=True), "stream"),
     ],
 )
@@ -96,3 +99,10 @@ def test_malformed_json_is_a_400(server):
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400
+
+
+def test_seeded_sampling_over_http_matches_offline(client):
+    kwargs = dict(max_tokens=8, temperature=0.8, top_p=0.9, seed=7)
+    resp = client.completions.create(model="tiny", prompt="Hello", **kwargs)
+    want = Engine.from_pretrained("tiny").generate(["Hello"], sampling=SamplingParams(**kwargs))[0]
+    assert resp.choices[0].model_extra["token_ids"] == want.token_ids
