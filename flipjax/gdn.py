@@ -108,12 +108,6 @@ def delta_rule_recurrent(
     valid: [B, T]. Returns o: [B, T, Hv, dv] fp32 and the final state.
     """
     q, k, v, g, beta = _prepare(q, k, v, g, beta, valid)
-    if q.shape[2] == 1:
-        # A decode step: no loop, so XLA can update the state pool in place around it.
-        out, state = delta_rule_step(
-            q[:, :, 0], k[:, :, 0], v[:, :, 0], g[:, :, 0], beta[:, :, 0], state.astype(jnp.float32)
-        )
-        return out[:, None], state
 
     def body(s: jax.Array, xs: tuple[jax.Array, ...]) -> tuple[jax.Array, jax.Array]:
         o, s = delta_rule_step(*xs, s)
