@@ -1,0 +1,43 @@
+"""The interface every store tier implements, so callers never depend on where bytes live.
+
+A tier maps (key, kind) to a verified payload. `get` returns None for anything it cannot vouch
+for (absent, partial, corrupt, foreign): a miss, never wrong bytes. Budgets are in bytes.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections import Counter
+
+from store.entry import Kind
+
+
+class StoreTier(abc.ABC):
+    name: str
+    counters: Counter[str]
+
+    @abc.abstractmethod
+    def put(self, key: bytes, kind: Kind, payload: bytes) -> bool:
+        """Store an entry; False (and a counted refusal) when it cannot be stored."""
+
+    @abc.abstractmethod
+    def get(self, key: bytes, kind: Kind) -> bytes | None:
+        """The verified payload, or None."""
+
+    @abc.abstractmethod
+    def contains(self, key: bytes, kind: Kind) -> bool: ...
+
+    @abc.abstractmethod
+    def delete(self, key: bytes, kind: Kind) -> bool: ...
+
+    @property
+    @abc.abstractmethod
+    def used_bytes(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def budget_bytes(self) -> int: ...
+
+    @abc.abstractmethod
+    def resize(self, budget_bytes: int) -> None:
+        """Change the budget; shrinking evicts down to it at once."""

@@ -1,0 +1,155 @@
+"""The disk tier: atomic entries, verified reads, quarantine, budgets, restarts, crashes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from store.disk import DiskTier
+from store.entry import HEADER_BYTES, Kind
+from tests.store_writer import IDENTITY, payload_for
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def key(i: int) -> bytes:
+    return hashlib.blake2b(i.to_bytes(8, "little"), digest_size=32).digest()
+
+
+def files_under(path: str) -> list[str]:
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def test_round_trip_and_restart(tmp_path):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    for i in range(20):
+        assert tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
+    assert tier.put(key(0), Kind.GDN_ANCHOR, b"state")
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert again.used_bytes == tier.used_bytes
+    assert all(again.get(key(i), Kind.KV_PAGE) == payload_for(key(i)) for i in range(20))
+    assert again.get(key(0), Kind.GDN_ANCHOR) == b"state"
+    assert again.get(key(1), Kind.GDN_ANCHOR) is None
+    assert again.counters["hits"] == 21 and again.counters["misses"] == 1
+    assert again.counters["checked"] == 22
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "identity"])
+def test_bad_entries_are_quarantined_misses(tmp_path, damage):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    k = key(1)
+    tier.put(k, Kind.KV_PAGE, payload_for(k))
+    (path,) = files_under(str(tmp_path / "entries"))
+    if damage == "identity":
+        tier = DiskTier(str(tmp_path), b"\x08" * 32, budget_bytes=1 << 30)
+    else:
+        data = bytearray(open(path, "rb").read())
+        if damage == "flip":
+            data[HEADER_BYTES + 100] ^= 0x01
+        else:
+            data = data[: len(data) // 2]
+        open(path, "wb").write(bytes(data))
+    assert tier.get(k, Kind.KV_PAGE) is None
+    assert tier.counters["corrupt"] == 1 and tier.counters["misses"] == 1
+    assert not os.path.exists(path)
+    assert len(files_under(str(tmp_path / "quarantine"))) == 1
+    assert tier.used_bytes == 0 and not tier.contains(k, Kind.KV_PAGE)
+    want = {"flip": "checksum", "truncate": "length", "identity": "model identity"}[damage]
+    assert want in tier.last_corruption
+
+
+def test_budget_is_never_exceeded_and_eviction_is_lru(tmp_path):
+    size = len(payload_for(key(0))) + HEADER_BYTES
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=size * 3)
+    tier.put(key(0), Kind.KV_PAGE, payload_for(key(0)))
+    for i in range(1, 30):
+        if payload_for(key(i)).__len__() + HEADER_BYTES > size:
+            continue  # keep all entries one size for an exact count
+        tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
+        tier.get(key(0), Kind.KV_PAGE)  # keep key 0 hot
+        assert tier.used_bytes <= tier.budget_bytes
+        assert sum(os.path.getsize(f) for f in files_under(str(tmp_path / "entries"))) <= size * 3
+    assert tier.contains(key(0), Kind.KV_PAGE)
+    assert tier.counters["evictions"] > 0
+
+
+def test_too_large_or_no_space_is_a_counted_refusal(tmp_path):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=100)
+    assert not tier.put(key(1), Kind.KV_PAGE, b"x" * 200)
+    assert tier.counters["refused"] == 1 and tier.used_bytes == 0
+    roomy = DiskTier(
+        str(tmp_path / "w"), IDENTITY, budget_bytes=1 << 30, min_free_bytes=1 << 62
+    )  # more free space than any disk has
+    assert not roomy.put(key(1), Kind.KV_PAGE, b"x")
+    assert roomy.counters["refused"] == 1
+    assert files_under(str(tmp_path / "w" / "entries")) == []
+
+
+def test_shrinking_evicts_at_once(tmp_path):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    for i in range(10):
+        tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
+    tier.resize(tier.used_bytes // 2)
+    assert tier.used_bytes <= tier.budget_bytes
+    survivors = [k for k, _ in tier.entries()]
+    assert survivors and key(9) in survivors and key(0) not in survivors
+
+
+def test_concurrent_writers_and_readers_never_see_partial_entries(tmp_path):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            i = rng.randrange(40)
+            if rng.random() < 0.5:
+                tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
+            else:
+                got = tier.get(key(i), Kind.KV_PAGE)
+                if got is not None and got != payload_for(key(i)):
+                    errors.append(f"wrong bytes for {i}")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert tier.counters["corrupt"] == 0
+    fresh = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert fresh.used_bytes == tier.used_bytes
+
+
+def test_a_writer_killed_at_random_never_leaves_a_wrong_entry(tmp_path):
+    rng = random.Random(0)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    seen_entries = 0
+    interrupted_writes = 0
+    for attempt in range(20):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.store_writer", str(tmp_path), str(attempt * 100_000)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.01, 0.25))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 40)
+        assert os.listdir(tmp_path / "tmp") == []
+        entries = tier.entries()
+        for k, kind in entries:
+            assert tier.get(k, kind) == payload_for(k)
+        assert tier.counters["corrupt"] == 0
+        seen_entries = len(entries)
+        interrupted_writes += tier.counters["incomplete_removed"]
+    assert seen_entries > 20  # the writer did get entries in before being killed
+    assert interrupted_writes > 0  # and some kills landed mid-write
