@@ -23,9 +23,11 @@ from flax import nnx
 
 from flipjax.buckets import pow2_bucket
 from flipjax.cache import PagePool, SlotPool
+from flipjax.cache_io import read_pages, read_slot, write_pages, write_slot
 from flipjax.config import EngineConfig, ModelConfig
 from flipjax.model import Qwen3NextForCausalLM, forward, init_cache
 from flipjax.model_runner import ModelRunner, Row
+from flipjax.prefix import PrefixStore
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams
 from flipjax.scheduler import Scheduler
 from flipjax.sequence import Sequence, TokenLogprob
@@ -49,6 +51,7 @@ class Output:
     logprobs: list[TokenLogprob] | None
     ttft_s: float | None  # arrival to first token
     e2e_s: float  # arrival to finish
+    cached_tokens: int = 0  # prompt tokens taken from the prefix store, not computed
 
 
 def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
@@ -67,6 +70,7 @@ class Engine:
         name: str,
         dtype: jnp.dtype,
         engine_config: EngineConfig | None = None,
+        prefix_store: PrefixStore | None = None,
     ):
         self.config: ModelConfig = model.cfg
         self.engine_config = ec = engine_config or EngineConfig()
@@ -76,9 +80,17 @@ class Engine:
         self.graphdef, self.params = nnx.split(model)
         self.pages = PagePool(ec.num_pages, "kv pages")
         self.slots = SlotPool(ec.slots, "gdn slots")
+        self.prefix_store = prefix_store
+        if prefix_store is not None and prefix_store.page_size != ec.page_size:
+            raise ValueError(
+                f"prefix_store: page size {prefix_store.page_size} is not the engine's "
+                f"{ec.page_size}"
+            )
         self.scheduler = Scheduler(
-            self.pages, self.slots, ec.page_size, ec.max_running_requests, ec.max_prefill_tokens
-        )
+            self.pages, self.slots, ec.page_size, ec.max_running_requests, ec.max_prefill_tokens,
+            chunk_grid=prefix_store.gdn_interval if prefix_store is not None else None,
+            on_admit=self._seed_from_store,
+        )  # fmt: skip
         self.max_model_len = ec.model_len(self.config)
         self.runner = ModelRunner(
             self.config, self.graphdef, self.params, dtype, ec.page_size, ec.num_pages, ec.slots,
@@ -167,6 +179,7 @@ class Engine:
             row = Row(c.seq.all_ids[c.start : c.start + c.length], c.start, c.seq.pages, c.seq.slot)
             logits = self.runner.run([row], decode=False)
             c.seq.num_computed += c.length
+            self._publish(c.seq, c.start)
             if c.completes_prompt:
                 finished += self._sample(logits, [c.seq])
         if plan.decode:
@@ -174,6 +187,7 @@ class Engine:
             logits = self.runner.run(rows, decode=True)
             for s in plan.decode:
                 s.num_computed += 1
+                self._publish(s, s.num_computed - 1)
             finished += self._sample(logits, list(plan.decode))
         return [self._finish(s) for s in finished]
 
@@ -248,6 +262,36 @@ class Engine:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _seed_from_store(self, seq: Sequence) -> None:
+        """Start an admitted request from the deepest stored prefix of its tokens, if any.
+
+        At least one token is left to compute, since its logits are what gets sampled.
+        """
+        store = self.prefix_store
+        if store is None or seq.num_computed:
+            return
+        found = store.fetch(seq.all_ids[:-1])
+        if found is None or not self.scheduler.reserve(seq, found.tokens):
+            return
+        pages = seq.pages[: found.tokens // self.engine_config.page_size]
+        state = write_pages(self.runner.state, pages, found.kv)
+        self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
+        seq.num_computed = seq.cached_tokens = found.tokens
+
+    def _publish(self, seq: Sequence, start: int) -> None:
+        """Send pages completed since `start`, and a grid state, to the prefix store."""
+        store = self.prefix_store
+        if store is None:
+            return
+        ps, end = self.engine_config.page_size, seq.num_computed
+        first, last = start // ps, end // ps
+        if last > first:
+            kv = read_pages(self.runner.state, seq.pages[first:last])
+            store.publish_pages(seq.all_ids, first, kv)
+        if end > start and end % store.gdn_interval == 0:
+            rec, conv = read_slot(self.runner.state, seq.slot)
+            store.publish_state(seq.all_ids[:end], rec, conv)
+
     def _sample(self, logits: jax.Array, seqs: list[Sequence | None]) -> list[Sequence]:
         rows = [
             SamplerRow(s.params, s.seed, s.prompt_ids, s.output_ids) if s is not None else None
@@ -287,4 +331,5 @@ class Engine:
             if seq.first_token_time is None
             else seq.first_token_time - seq.arrival_time,
             e2e_s=seq.finish_time - seq.arrival_time,
+            cached_tokens=seq.cached_tokens,
         )

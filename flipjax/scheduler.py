@@ -11,6 +11,7 @@ it resumes later by recomputing, so no output is lost.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flipjax.buckets import pages_for
@@ -48,12 +49,18 @@ class Scheduler:
         page_size: int,
         max_running_requests: int,
         max_prefill_tokens: int,
+        chunk_grid: int | None = None,
+        on_admit: Callable[[Sequence], None] | None = None,
     ):
         self.pages = pages
         self.slots = slots
         self.page_size = page_size
         self.max_running_requests = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
+        # Prefill chunks end on this grid, so the GDN state exists at every grid point.
+        self.chunk_grid = chunk_grid
+        # Called once a request holds its slot, before its first chunk (e.g. to seed a prefix).
+        self.on_admit = on_admit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: newest last
         self.counters: Counter[str] = Counter()
@@ -119,6 +126,8 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
             self.counters["admitted"] += 1
+            if self.on_admit is not None:
+                self.on_admit(seq)
             budget -= self._chunk(seq, budget, plan)
         return plan
 
@@ -127,11 +136,18 @@ class Scheduler:
         # Take what fits in pages held plus pages free; a partial chunk still makes progress.
         room = (len(seq.pages) + self.pages.num_free) * self.page_size - seq.num_computed
         length = min(want, room)
+        if self.chunk_grid:
+            next_grid = (seq.num_computed // self.chunk_grid + 1) * self.chunk_grid
+            length = min(length, next_grid - seq.num_computed)
         if length <= 0:
             return 0
         self._reserve(seq, seq.num_computed + length, retract=False)
         plan.prefill.append(PrefillChunk(seq, seq.num_computed, length))
         return length
+
+    def reserve(self, seq: Sequence, num_tokens: int) -> bool:
+        """Make a running request hold pages for `num_tokens` tokens; False if none are free."""
+        return self._reserve(seq, num_tokens, retract=False)
 
     def _reserve(self, seq: Sequence, num_tokens: int, retract: bool) -> bool:
         """Make `seq` hold pages for its first `num_tokens` tokens."""

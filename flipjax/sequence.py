@@ -40,6 +40,7 @@ class Sequence:
     pages: list[int] = field(default_factory=list)
     slot: int | None = None
     num_computed: int = 0
+    cached_tokens: int = 0  # prompt tokens seeded from a prefix cache instead of computed
     status: Status = Status.WAITING
     finish_reason: str | None = None
     text: str = ""

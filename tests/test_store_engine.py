@@ -1,0 +1,116 @@
+"""The engine over the store: published prefixes seed later requests, across a restart, with
+token-identical results (straight-through generation is the reference)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flipjax import Engine, SamplingParams
+from flipjax.cache_io import read_pages, read_slot
+from flipjax.config import EngineConfig
+from flipjax.tiny import tiny_model
+from flipjax.tokenizer import ByteTokenizer
+from store.bridge import StoreBridge
+from store.disk import DiskTier
+from store.entry import Kind
+from store.host import HostTier
+from store.keys import ModelIdentity, page_keys, root_key
+from store.payload import PayloadLayout
+from store.tiered import TieredStore
+
+PS, GRID = 16, 32
+PROMPT = [(i * 11 + 5) % 256 for i in range(100)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(jnp.float32)
+
+
+def open_store(model, folder: str) -> StoreBridge:
+    ident = ModelIdentity.create(model.cfg.to_dict(), "tiny-seed-0", "float32", PS)
+    store = TieredStore(
+        root_key(ident), PS, GRID, HostTier(64 << 20),
+        DiskTier(folder, ident.digest(), budget_bytes=256 << 20),
+    )  # fmt: skip
+    return StoreBridge(store, PayloadLayout.for_model(model.cfg, PS, "float32"))
+
+
+def make(model, bridge=None, **options) -> Engine:
+    ec = EngineConfig(page_size=PS, max_prefill_tokens=48, **options)
+    return Engine(model, ByteTokenizer(), "tiny", jnp.float32, ec, prefix_store=bridge)
+
+
+def test_store_hits_are_token_identical_across_a_restart(model, tmp_path):
+    params = [
+        SamplingParams(temperature=0, max_tokens=12),
+        SamplingParams(temperature=0.9, seed=3, max_tokens=12),
+    ]
+    straight = make(model).generate([PROMPT, PROMPT], sampling=params)
+
+    bridge = open_store(model, str(tmp_path))
+    first = make(model, bridge).generate([PROMPT], sampling=params[:1])[0]
+    assert first.cached_tokens == 0 and first.token_ids == straight[0].token_ids
+    bridge.store.close()
+
+    restarted = open_store(model, str(tmp_path))  # new store objects over the same folder
+    assert restarted.store.host.used_bytes == 0
+    engine = make(model, restarted, num_pages=64)  # other pool sizes, other page ids
+    again = engine.generate([PROMPT, PROMPT], sampling=params)
+    # 100 prompt tokens (+ generated ones published too): deepest grid point below 100 is 96
+    assert [o.cached_tokens for o in again] == [96, 96]
+    assert [o.token_ids for o in again] == [o.token_ids for o in straight]
+    assert restarted.store.stats()["store"]["hits_disk"] > 0
+    engine.check()
+    restarted.store.close()
+
+
+def test_published_payloads_are_the_device_bytes(model, tmp_path):
+    bridge = open_store(model, str(tmp_path))
+    engine = make(model, bridge)
+    rid = engine.add_request(PROMPT[:64], SamplingParams(temperature=0, max_tokens=30))
+    seq = engine._requests[rid]
+    while seq.num_computed < 64:
+        engine.step()
+    kv = read_pages(engine.runner.state, seq.pages[:4])
+    keys = page_keys(bridge.store.root, PROMPT[:64], PS)
+    layout = bridge.layout
+    for i, k in enumerate(keys):
+        np.testing.assert_array_equal(layout.decode_kv(bridge.store.get(k, Kind.KV_PAGE)), kv[i])
+    fetched = bridge.fetch(PROMPT[:64])
+    assert fetched.tokens == 64
+    np.testing.assert_array_equal(fetched.kv, kv)
+    engine.abort(rid)
+    bridge.store.close()
+
+
+def test_pages_without_a_state_seed_nothing(model, tmp_path):
+    bridge = open_store(model, str(tmp_path))
+    make(model, bridge).generate([PROMPT], max_new_tokens=2)
+    # delete every GDN anchor: the pages alone are worth zero tokens
+    keys = page_keys(bridge.store.root, PROMPT, PS)
+    for k in keys:
+        bridge.store.host.delete(k, Kind.GDN_ANCHOR)
+        bridge.store.flush()
+        if bridge.store.disk is not None:
+            bridge.store.disk.delete(k, Kind.GDN_ANCHOR)
+    out = make(model, bridge).generate([PROMPT], max_new_tokens=2)[0]
+    assert out.cached_tokens == 0
+    bridge.store.close()
+
+
+def test_slot_state_is_what_was_published(model, tmp_path):
+    bridge = open_store(model, str(tmp_path))
+    engine = make(model, bridge)
+    rid = engine.add_request(PROMPT[:32], SamplingParams(temperature=0, max_tokens=30))
+    seq = engine._requests[rid]
+    while seq.num_computed < 32:
+        engine.step()
+    rec, conv = read_slot(engine.runner.state, seq.slot)
+    fetched = bridge.fetch(PROMPT[:32] + [1])
+    np.testing.assert_array_equal(fetched.recurrent, rec)
+    np.testing.assert_array_equal(fetched.conv, conv)
+    engine.abort(rid)
+    bridge.store.close()
