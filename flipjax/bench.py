@@ -1,6 +1,7 @@
 """`python -m flipjax.bench <what>`: measure flipjax against a peer in the same run.
 
-Benchmarks: `engine` (flipjax vs transformers, prefill and decode). Each reports ratios, since a
+Benchmarks: `engine` (flipjax vs transformers, prefill and decode), `store` (store tiers vs raw
+file I/O). Each reports ratios, since a
 single absolute time on a shared machine means little.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHMARKS = ("engine",)
+BENCHMARKS = ("engine", "store")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -17,6 +18,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"usage: python -m flipjax.bench {{{','.join(BENCHMARKS)}}} [options]")
     if argv[0] == "engine":
         from flipjax.benchmarks.engine import main as run
+    else:
+        from flipjax.benchmarks.store import main as run
     run(argv[1:])
 
 

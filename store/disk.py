@@ -17,7 +17,7 @@ import uuid
 from collections import Counter, OrderedDict
 
 from store.backend import StoreTier
-from store.entry import CorruptEntry, Kind, decode, encode
+from store.entry import CorruptEntry, Kind, decode, header
 from store.keys import entry_name
 
 
@@ -51,28 +51,30 @@ class DiskTier(StoreTier):
 
     def put(self, key: bytes, kind: Kind, payload: bytes) -> bool:
         name = entry_name(key, gdn=kind == Kind.GDN_ANCHOR)
-        blob = encode(kind, self.identity, key, payload)
+        head = header(kind, self.identity, key, payload)
+        size = len(head) + len(payload)
         with self._lock:
             if name in self._index:
                 self._index.move_to_end(name)
                 self.counters["put_existing"] += 1
                 return True
-            if len(blob) > self._budget or not self._make_room(len(blob)):
+            if size > self._budget or not self._make_room(size):
                 self.counters["refused"] += 1
                 return False
             tmp = os.path.join(self.root, "tmp", f"{uuid.uuid4().hex}.part")
             final = self._path(name)
             os.makedirs(os.path.dirname(final), exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(blob)
+                f.write(head)
+                f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, final)
             _fsync_dir(os.path.dirname(final))
-            self._index[name] = len(blob)
-            self._used += len(blob)
+            self._index[name] = size
+            self._used += size
             self.counters["puts"] += 1
-            self.counters["bytes_written"] += len(blob)
+            self.counters["bytes_written"] += size
             return True
 
     def get(self, key: bytes, kind: Kind) -> bytes | None:
