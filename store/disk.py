@@ -41,14 +41,6 @@ class DiskTier(StoreTier):
 
     # -- StoreTier ------------------------------------------------------------------------------
 
-    @property
-    def used_bytes(self) -> int:
-        return self._used
-
-    @property
-    def budget_bytes(self) -> int:
-        return self._budget
-
     def put(self, key: bytes, kind: Kind, payload: bytes) -> bool:
         name = entry_name(key, gdn=kind == Kind.GDN_ANCHOR)
         head = header(kind, self.identity, key, payload)

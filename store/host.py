@@ -33,14 +33,6 @@ class HostTier(StoreTier):
         self.on_evict = on_evict  # write-back hook: called with each evicted entry
         self.counters: Counter[str] = Counter()
 
-    @property
-    def used_bytes(self) -> int:
-        return self._used
-
-    @property
-    def budget_bytes(self) -> int:
-        return self._budget
-
     def put(self, key: bytes, kind: Kind, payload: bytes) -> bool:
         name = (key, kind)
         evicted: list[tuple[Name, bytes]] = []
@@ -110,6 +102,8 @@ class HostTier(StoreTier):
     def _make_room(self, incoming: int, evicted: list[tuple[Name, bytes]]) -> bool:
         if incoming > self._budget:
             return False
+        if self._used + incoming <= self._budget:
+            return True  # the common case: no scan of the entries
         for name in list(self._entries):
             if self._used + incoming <= self._budget:
                 break
