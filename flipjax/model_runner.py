@@ -6,12 +6,15 @@ Shapes are what make XLA compile, so they are kept to a small fixed set: a decod
 longest request allowed (attention walks only the blocks the batch needs). `warmup` compiles
 that whole set, after which serving never compiles the model step; every compilation is
 counted. The step functions are jitted once per process and keyed by (config, graphdef), so
-engines over the same model share programs.
+engines over the same model share programs (see `jitted_step`).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +30,17 @@ from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams, build_i
 
 MIN_PREFILL_BUCKET = 16
 
-_jitted_step = jax.jit(model_step, static_argnums=(0, 1), donate_argnums=(3,))
 _jitted_write_slots = jax.jit(write_slots, donate_argnums=(0,))
+
+
+@functools.cache
+def jitted_step(cfg: ModelConfig, graphdef: nnx.GraphDef) -> Callable[..., Any]:
+    """The jitted step of one model structure, shared by every engine over it.
+
+    Binding (cfg, graphdef) here rather than passing them as static arguments keeps their
+    hashing (milliseconds for a graphdef) out of every step.
+    """
+    return jax.jit(functools.partial(model_step, cfg, graphdef), donate_argnums=(1,))
 
 
 @dataclass
@@ -62,6 +74,7 @@ class ModelRunner:
         self.prefill_buckets = _pow2_range(MIN_PREFILL_BUCKET, max_prefill_tokens)
         self.state: CacheState = init_cache_state(cfg, num_pages, page_size, num_slots, dtype)
         self.compiles = CompileCounter()
+        self._step = jitted_step(cfg, graphdef)
 
     def run(self, rows: list[Row], decode: bool) -> jax.Array:
         """Feed each row's tokens; returns logits at each row's last token, [B_bucket, vocab].
@@ -115,9 +128,7 @@ class ModelRunner:
     ) -> jax.Array:
         slot_ids = jnp.asarray(slots)
         with self.compiles.watch():
-            logits, kv, rows = _jitted_step(
-                self.cfg,
-                self.graphdef,
+            logits, kv, rows = self._step(
                 self.params,
                 self.state.kv,
                 self.state.gdn,
