@@ -235,9 +235,8 @@ def test_step_updates_pools_in_place(engine):
             jnp.full((1,), r.num_slots, jnp.int32),
         )
         text = (
-            model_runner._jitted_step.lower(
-                r.cfg, r.graphdef, r.params, r.state.kv, r.state.gdn, *args
-            )
+            model_runner.jitted_step(r.cfg, r.graphdef)
+            .lower(r.params, r.state.kv, r.state.gdn, *args)
             .compile()
             .as_text()
         )
