@@ -162,6 +162,8 @@ def build_inputs(rows: list[SamplerRow | None], batch: int) -> tuple[SamplerInpu
     flags = dict(
         use_penalties=penalties,
         use_filters=any(p.uses_filters for p in params),
+        use_random=any(p.temperature > 0 for p in params),
+        want_logprobs=any(p.logprobs is not None for p in params),
         num_logprobs=pow2_bucket(num_logprobs) if num_logprobs else 0,
     )
     return inputs, flags
@@ -200,33 +202,46 @@ def _apply_filters(logits: jax.Array, s: SamplerInputs) -> jax.Array:
     return jnp.where(logits >= cutoff, logits, -jnp.inf)
 
 
-@functools.partial(jax.jit, static_argnames=("use_penalties", "use_filters", "num_logprobs"))
+_STATIC = ("use_penalties", "use_filters", "use_random", "want_logprobs", "num_logprobs")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def sample(
     logits: jax.Array,
     s: SamplerInputs,
     *,
     use_penalties: bool,
     use_filters: bool,
+    use_random: bool,
+    want_logprobs: bool,
     num_logprobs: int,
 ) -> SamplerOutputs:
-    """logits: [B, V] float32 -> one token per row, with logprobs."""
+    """logits: [B, V] float32 -> one token per row, with logprobs when asked.
+
+    The static flags drop whole stages no row needs: an all-greedy batch draws no random
+    numbers, and no row asking for logprobs skips the log-softmax over the vocabulary.
+    """
+    b = logits.shape[0]
     logits = logits.astype(jnp.float32)
-    model_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    raw = logits
     if use_penalties:
         logits = _apply_penalties(logits, s)
-    greedy = jnp.argmax(logits, axis=-1)
-    scaled = logits / jnp.maximum(s.temperature, 1e-6)[:, None]
-    if use_filters:
-        scaled = _apply_filters(scaled, s)
-    keys = jax.vmap(lambda seed, step: jax.random.fold_in(jax.random.key(seed), step))(
-        s.seed, s.step
-    )
-    drawn = jax.vmap(jax.random.categorical)(keys, scaled)
-    tokens = jnp.where(s.temperature > 0, drawn, greedy).astype(jnp.int32)
-    chosen = jnp.take_along_axis(model_logprobs, tokens[:, None], axis=-1)[:, 0]
-    if num_logprobs:
-        top_lp, top_ids = jax.lax.top_k(model_logprobs, num_logprobs)
-    else:
-        top_lp = jnp.zeros((logits.shape[0], 0), jnp.float32)
-        top_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)
+    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if use_random:
+        scaled = logits / jnp.maximum(s.temperature, 1e-6)[:, None]
+        if use_filters:
+            scaled = _apply_filters(scaled, s)
+        keys = jax.vmap(lambda seed, step: jax.random.fold_in(jax.random.key(seed), step))(
+            s.seed, s.step
+        )
+        drawn = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+        tokens = jnp.where(s.temperature > 0, drawn, tokens)
+    chosen = jnp.zeros((b,), jnp.float32)
+    top_lp = jnp.zeros((b, 0), jnp.float32)
+    top_ids = jnp.zeros((b, 0), jnp.int32)
+    if want_logprobs:
+        model_logprobs = jax.nn.log_softmax(raw, axis=-1)
+        chosen = jnp.take_along_axis(model_logprobs, tokens[:, None], axis=-1)[:, 0]
+        if num_logprobs:
+            top_lp, top_ids = jax.lax.top_k(model_logprobs, num_logprobs)
     return SamplerOutputs(tokens, chosen, top_ids.astype(jnp.int32), top_lp)
