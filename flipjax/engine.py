@@ -3,8 +3,10 @@
 `Engine` is the entry point the server, the tests and sharding experiments use:
 `add_request` / `step` / `abort` drive it incrementally, `generate` runs a list of prompts to
 completion. Requests share one pool of KV pages and GDN slots; a finished or aborted request
-frees its ids at once. `prompt_logits` runs the contiguous reference forward, which is what the
-paged path is tested against.
+frees its ids at once. With a `prefix_store`, completed pages and grid GDN states are published
+as soon as they are computed, and admitted requests start from the deepest stored prefix.
+`prompt_logits` runs the contiguous reference forward, which is what the paged path is tested
+against.
 """
 
 from __future__ import annotations
