@@ -67,13 +67,19 @@ def test_store_hits_are_token_identical_across_a_restart(model, tmp_path):
     restarted.store.close()
 
 
+def run_prompt(engine: Engine, prompt: list[int]):
+    """Admit `prompt` and step until all of it is computed; returns the live sequence."""
+    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30))
+    seq = engine._requests[rid]
+    while seq.num_computed < len(prompt):
+        engine.step()
+    return seq
+
+
 def test_published_payloads_are_the_device_bytes(model, tmp_path):
     bridge = open_store(model, str(tmp_path))
     engine = make(model, bridge)
-    rid = engine.add_request(PROMPT[:64], SamplingParams(temperature=0, max_tokens=30))
-    seq = engine._requests[rid]
-    while seq.num_computed < 64:
-        engine.step()
+    seq = run_prompt(engine, PROMPT[:64])
     kv = read_pages(engine.runner.state, seq.pages[:4])
     keys = page_keys(bridge.store.root, PROMPT[:64], PS)
     layout = bridge.layout
@@ -82,7 +88,7 @@ def test_published_payloads_are_the_device_bytes(model, tmp_path):
     fetched = bridge.fetch(PROMPT[:64])
     assert fetched.tokens == 64
     np.testing.assert_array_equal(fetched.kv, kv)
-    engine.abort(rid)
+    engine.abort(seq.request_id)
     bridge.store.close()
 
 
@@ -104,15 +110,12 @@ def test_pages_without_a_state_seed_nothing(model, tmp_path):
 def test_slot_state_is_what_was_published(model, tmp_path):
     bridge = open_store(model, str(tmp_path))
     engine = make(model, bridge)
-    rid = engine.add_request(PROMPT[:32], SamplingParams(temperature=0, max_tokens=30))
-    seq = engine._requests[rid]
-    while seq.num_computed < 32:
-        engine.step()
+    seq = run_prompt(engine, PROMPT[:32])
     rec, conv = read_slot(engine.runner.state, seq.slot)
     fetched = bridge.fetch(PROMPT[:32] + [1])
     np.testing.assert_array_equal(fetched.recurrent, rec)
     np.testing.assert_array_equal(fetched.conv, conv)
-    engine.abort(rid)
+    engine.abort(seq.request_id)
     bridge.store.close()
 
 

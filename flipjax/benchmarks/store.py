@@ -13,15 +13,35 @@ import argparse
 import os
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG
 from flipjax.config import ModelConfig
 
+if TYPE_CHECKING:  # store sits above flipjax: imported inside main(), never at module level
+    from store.backend import StoreTier
+    from store.entry import Kind
+
 
 def _rate(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 2**20
+
+
+def _time_put_get(
+    tier: StoreTier, kind: Kind, keys: list[bytes], payload: bytes
+) -> tuple[float, float]:
+    """Seconds to put every key, then to get (and verify) every key back."""
+    t0 = time.perf_counter()
+    for k in keys:
+        tier.put(k, kind, payload)
+    put = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for k in keys:
+        if tier.get(k, kind) is None:
+            raise RuntimeError(f"{tier.name} tier lost an entry it was given room for")
+    return put, time.perf_counter() - t0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,24 +92,9 @@ def main(argv: list[str] | None = None) -> None:
         per_file_write = time.perf_counter() - t0
 
         disk = DiskTier(os.path.join(folder, "tier"), ident.digest(), budget_bytes=total * 2)
-        t0 = time.perf_counter()
-        for k in keys:
-            disk.put(k, Kind.KV_PAGE, payload)
-        disk_put = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for k in keys:
-            assert disk.get(k, Kind.KV_PAGE) is not None
-        disk_get = time.perf_counter() - t0
-
+        disk_put, disk_get = _time_put_get(disk, Kind.KV_PAGE, keys, payload)
         host = HostTier(total * 2)
-        t0 = time.perf_counter()
-        for k in keys:
-            host.put(k, Kind.KV_PAGE, payload)
-        host_put = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        for k in keys:
-            host.get(k, Kind.KV_PAGE)
-        host_get = time.perf_counter() - t0
+        host_put, host_get = _time_put_get(host, Kind.KV_PAGE, keys, payload)
 
         store = TieredStore(root, 16, 256, host, disk)
         for i in store.anchor_pages(4096):
