@@ -1,8 +1,9 @@
 """Gated DeltaNet math in pure JAX: causal conv, the recurrent and the chunkwise delta rule.
 
 These functions are the reference every GDN kernel is checked against, and the path the model
-takes when no kernel is dispatched. They carry state explicitly (conv state and recurrent state
-in, final ones out) so that prefill, chunked prefill and decode continue one another exactly.
+takes when the kernel dispatch selects the references (`prefill_rule` asks it). They carry
+state explicitly (conv state and recurrent state in, final ones out) so that prefill, chunked
+prefill and decode continue one another exactly.
 
 Padding convention: `valid[b, t]` marks real tokens and is a right-padded prefix per row. A padded
 token has beta = 0 and g = 0, so it neither decays nor writes the state, and the conv state keeps
@@ -11,12 +12,16 @@ the last real inputs. Never drop the fp32 casts: the state recurrence is unstabl
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from kernels_pallas import dispatch
+from kernels_pallas.gdn import chunk_gated_delta_rule, gated_delta_rule_step
 
 CHUNK_SIZE = 64
 _HI = jax.lax.Precision.HIGHEST
@@ -184,13 +189,40 @@ def delta_rule_chunked(
     return jnp.swapaxes(out, 1, 2), state
 
 
-def prefill_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """The delta-rule form for a call over `num_tokens` tokens.
+def delta_rule_kernel(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    state: jax.Array,
+    valid: jax.Array,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """The Pallas kernels behind the same contract: the one-step update for a single token,
+    the chunked kernel otherwise."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, valid)
+    if q.shape[2] == 1:
+        o, state = gated_delta_rule_step(
+            q[:, :, 0], k[:, :, 0], v[:, :, 0], g[:, :, 0], beta[:, :, 0], state,
+            interpret=interpret,
+        )
+        return o[:, None], state
+    o, state = chunk_gated_delta_rule(q, k, v, g, beta, state, interpret=interpret)
+    return jnp.swapaxes(o, 1, 2), state
 
-    Decode (one token) is always the recurrence. For prefill the chunked form suits matrix
-    units; on the CPU XLA runs the scan about twice as fast (measured at 128 and 1024 tokens),
-    so it is the default there. `FLIPJAX_GDN_PREFILL=chunked|recurrent` overrides.
+
+def prefill_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """The delta-rule implementation for a call over `num_tokens` tokens.
+
+    When the kernel dispatch selects Pallas (or interpret mode), the kernels run. Otherwise,
+    decode (one token) is the recurrence; for prefill the chunked form suits matrix units, and
+    on the CPU XLA runs the scan about twice as fast (measured at 128 and 1024 tokens), so it
+    is the default there. `FLIPJAX_GDN_PREFILL=chunked|recurrent` overrides the reference form.
     """
+    mode = dispatch.current_mode()
+    if mode != "reference":
+        return functools.partial(delta_rule_kernel, interpret=mode == "interpret")
     if num_tokens == 1:
         return delta_rule_recurrent
     form = os.environ.get(PREFILL_FORM_ENV) or (

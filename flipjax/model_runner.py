@@ -5,8 +5,8 @@ Shapes are what make XLA compile, so they are kept to a small fixed set: a decod
 [1, T] with T a power of two up to max_prefill_tokens; the page table is always as wide as the
 longest request allowed (attention walks only the blocks the batch needs). `warmup` compiles
 that whole set, after which serving never compiles the model step; every compilation is
-counted. The step functions are jitted once per process and keyed by (config, graphdef), so
-engines over the same model share programs (see `jitted_step`).
+counted. The step functions are jitted once per process and keyed by (config, graphdef, kernel
+mode), so engines over the same model share programs (see `jitted_step`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from flipjax.compile_counter import CompileCounter
 from flipjax.config import ModelConfig
 from flipjax.paged import model_step, write_slots
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams, build_inputs, sample
+from kernels_pallas import dispatch
 
 MIN_PREFILL_BUCKET = 16
 
@@ -34,13 +35,13 @@ _jitted_write_slots = jax.jit(write_slots, donate_argnums=(0,))
 
 
 @functools.cache
-def jitted_step(cfg: ModelConfig, graphdef: nnx.GraphDef) -> Callable[..., Any]:
-    """The jitted step of one model structure, shared by every engine over it.
+def jitted_step(cfg: ModelConfig, graphdef: nnx.GraphDef, kernels: str) -> Callable[..., Any]:
+    """The jitted step of one model structure and kernel mode, shared by every engine over it.
 
     Binding (cfg, graphdef) here rather than passing them as static arguments keeps their
     hashing (milliseconds for a graphdef) out of every step.
     """
-    return jax.jit(functools.partial(model_step, cfg, graphdef), donate_argnums=(1,))
+    return jax.jit(functools.partial(model_step, cfg, graphdef, kernels), donate_argnums=(1,))
 
 
 @dataclass
@@ -74,7 +75,8 @@ class ModelRunner:
         self.prefill_buckets = _pow2_range(MIN_PREFILL_BUCKET, max_prefill_tokens)
         self.state: CacheState = init_cache_state(cfg, num_pages, page_size, num_slots, dtype)
         self.compiles = CompileCounter()
-        self._step = jitted_step(cfg, graphdef)
+        self.kernels = dispatch.current_mode()
+        self._step = jitted_step(cfg, graphdef, self.kernels)
 
     def run(self, rows: list[Row], decode: bool) -> jax.Array:
         """Feed each row's tokens; returns logits at each row's last token, [B_bucket, vocab].

@@ -24,7 +24,8 @@ from flipjax.cache import GDNSlots, KVPages
 from flipjax.config import FULL_ATTENTION, ModelConfig
 from flipjax.gdn import GDNState
 from flipjax.model import forward
-from kernels_pallas.paged_attention import paged_attention_reference, write_pages
+from kernels_pallas import dispatch
+from kernels_pallas.paged_attention import write_pages
 
 
 class PagedKV(NamedTuple):
@@ -38,13 +39,14 @@ class PagedKV(NamedTuple):
         self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
     ) -> tuple[jax.Array, PagedKV]:
         k_pages, v_pages = write_pages(self.k_pages, self.v_pages, k, v, self.page_table, positions)
-        out = paged_attention_reference(q, k_pages, v_pages, self.page_table, positions)
+        out = dispatch.paged_attention(q, k_pages, v_pages, self.page_table, positions)
         return out, PagedKV(k_pages, v_pages, self.page_table)
 
 
 def model_step(
     cfg: ModelConfig,
     graphdef: nnx.GraphDef,
+    kernels: str,
     params: nnx.State,
     kv: tuple[KVPages, ...],
     gdn: tuple[GDNSlots, ...],
@@ -56,7 +58,8 @@ def model_step(
     """tokens, positions: [B, T]; page_table: [B, M]; slot_ids: [B].
 
     Returns logits at each row's last real token ([B, vocab] float32), the updated KV pages,
-    and each GDN layer's new per-row state ([B, ...]) for `write_slots`.
+    and each GDN layer's new per-row state ([B, ...]) for `write_slots`. `kernels` is the
+    kernel dispatch mode the step is traced in.
     """
     fresh = (positions[:, 0] == 0)[:, None, None, None]
     caches: list[Any] = []
@@ -75,7 +78,8 @@ def model_step(
                     conv=jnp.where(fresh[..., 0], jnp.zeros_like(conv), conv),
                 )
             )
-    logits, new_caches = forward(graphdef, params, tokens, positions, tuple(caches), True)
+    with dispatch.kernels(kernels):
+        logits, new_caches = forward(graphdef, params, tokens, positions, tuple(caches), True)
     new_kv, rows = [], []
     for layer_type, new in zip(cfg.layer_types, new_caches, strict=True):
         if layer_type == FULL_ATTENTION:

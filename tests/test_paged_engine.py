@@ -235,7 +235,7 @@ def test_step_updates_pools_in_place(engine):
             jnp.full((1,), r.num_slots, jnp.int32),
         )
         text = (
-            model_runner.jitted_step(r.cfg, r.graphdef)
+            model_runner.jitted_step(r.cfg, r.graphdef, r.kernels)
             .lower(r.params, r.state.kv, r.state.gdn, *args)
             .compile()
             .as_text()

@@ -1,0 +1,89 @@
+"""The one place that decides which implementation of each kernel runs.
+
+Modes: `pallas` (compiled Pallas kernels, the default on GPU), `reference` (the pure-JAX
+references, the default elsewhere) and `interpret` (the Pallas kernels in interpret mode, so
+the CPU tests exercise the kernel code itself). `FLIPJAX_KERNELS` overrides the default; a
+program being traced can pin a mode with `kernels(mode)`, which is how a compiled step records
+the mode it was built for. The mode is read at trace time, never inside a compiled program.
+This module imports nothing from flipjax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+
+import jax
+
+from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
+
+KERNELS_ENV = "FLIPJAX_KERNELS"
+MODES = ("pallas", "reference", "interpret")
+# A GPU has ~100+ SMs; split long contexts until there are about this many programs.
+_TARGET_PROGRAMS = 128
+
+_pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "flipjax_kernels", default=None
+)
+
+
+def _checked(mode: str, source: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"{source}: unknown kernel mode {mode!r}; expected one of {MODES}")
+    return mode
+
+
+def default_mode() -> str:
+    """`FLIPJAX_KERNELS` if set, else Pallas on GPU and the references elsewhere."""
+    env = os.environ.get(KERNELS_ENV)
+    if env:
+        return _checked(env, KERNELS_ENV)
+    return "pallas" if jax.default_backend() == "gpu" else "reference"
+
+
+def current_mode() -> str:
+    """The mode pinned by an enclosing `kernels(...)`, else the default."""
+    return _pinned.get() or default_mode()
+
+
+@contextlib.contextmanager
+def kernels(mode: str) -> Iterator[None]:
+    token = _pinned.set(_checked(mode, "kernels()"))
+    try:
+        yield
+    finally:
+        _pinned.reset(token)
+
+
+def paged_attention(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    page_table: jax.Array,
+    positions: jax.Array,
+) -> jax.Array:
+    """Attention of q [B, T, H, D] over paged K/V, by the current mode."""
+    mode = current_mode()
+    if mode == "reference":
+        return paged_attention_reference(q, k_pages, v_pages, page_table, positions)
+    b, t, h, _ = q.shape
+    hkv = k_pages.shape[2]
+    rows = t * (h // hkv)
+    block_rows = 16 if rows <= 16 else 64
+    pages_per_block = 8
+    num_blocks = -(-page_table.shape[1] // pages_per_block)
+    tiles = b * hkv * -(-rows // block_rows)
+    splits = 1 if mode == "interpret" else max(1, min(num_blocks, _TARGET_PROGRAMS // tiles))
+    return ragged_paged_attention(
+        q,
+        k_pages,
+        v_pages,
+        page_table,
+        positions,
+        block_rows=block_rows,
+        pages_per_block=pages_per_block,
+        kv_splits=splits,
+        interpret=mode == "interpret",
+    )
