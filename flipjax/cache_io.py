@@ -8,6 +8,8 @@ writes scatter into it in place (donated). Nothing here depends on the layout.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,57 +18,45 @@ from flipjax.cache import CacheState, GDNSlots, KVPages
 
 
 @jax.jit
-def _gather_pages(kv: tuple[KVPages, ...], pages: jax.Array) -> jax.Array:
-    # -> [n, layers, 2, page_size, kv_heads, head_dim]
-    return jnp.stack([jnp.stack([p.k[pages], p.v[pages]], axis=1) for p in kv], axis=1)
+def _gather(pool: jax.Array, ids: jax.Array) -> jax.Array:
+    return pool[ids]
 
 
-@jax.jit
-def _gather_slot(gdn: tuple[GDNSlots, ...], slot: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return (
-        jnp.stack([s.recurrent[slot] for s in gdn]),
-        jnp.stack([s.conv[slot] for s in gdn]),
-    )
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _scatter(pool: jax.Array, ids: jax.Array, rows: jax.Array) -> jax.Array:
+    return pool.at[ids].set(rows.astype(pool.dtype))
 
 
-@jax.jit
-def _scatter_pages(kv: tuple[KVPages, ...], pages: jax.Array, data: jax.Array):
-    return tuple(
-        KVPages(
-            p.k.at[pages].set(data[:, i, 0].astype(p.k.dtype)),
-            p.v.at[pages].set(data[:, i, 1].astype(p.v.dtype)),
-        )
-        for i, p in enumerate(kv)
-    )
-
-
-@jax.jit
-def _scatter_slot(gdn: tuple[GDNSlots, ...], slot: jax.Array, rec: jax.Array, conv: jax.Array):
-    return tuple(
-        GDNSlots(
-            s.recurrent.at[slot].set(rec[i].astype(s.recurrent.dtype)),
-            s.conv.at[slot].set(conv[i].astype(s.conv.dtype)),
-        )
-        for i, s in enumerate(gdn)
-    )
+# One small program per pool leaf, not one over all layers: under a pipeline the layers live on
+# different devices, and a program can only take arrays from one device set.
 
 
 def read_pages(state: CacheState, pages: list[int]) -> np.ndarray:
-    return np.asarray(jax.device_get(_gather_pages(state.kv, jnp.asarray(pages, jnp.int32))))
+    ids = jnp.asarray(pages, jnp.int32)
+    per_layer = jax.device_get([(_gather(p.k, ids), _gather(p.v, ids)) for p in state.kv])
+    # -> [n, layers, 2, page_size, kv_heads, head_dim]
+    return np.stack([np.stack(kv, axis=1) for kv in per_layer], axis=1)
 
 
 def read_slot(state: CacheState, slot: int) -> tuple[np.ndarray, np.ndarray]:
-    rec, conv = jax.device_get(_gather_slot(state.gdn, jnp.asarray(slot, jnp.int32)))
-    return np.asarray(rec), np.asarray(conv)
+    i = jnp.asarray(slot, jnp.int32)
+    rows = jax.device_get([(_gather(s.recurrent, i), _gather(s.conv, i)) for s in state.gdn])
+    return np.stack([r for r, _ in rows]), np.stack([c for _, c in rows])
 
 
 def write_pages(state: CacheState, pages: list[int], data: np.ndarray) -> CacheState:
-    kv = _scatter_pages(state.kv, jnp.asarray(pages, jnp.int32), jnp.asarray(data))
+    ids = np.asarray(pages, np.int32)
+    kv = tuple(
+        KVPages(_scatter(p.k, ids, data[:, i, 0]), _scatter(p.v, ids, data[:, i, 1]))
+        for i, p in enumerate(state.kv)
+    )
     return CacheState(kv=kv, gdn=state.gdn)
 
 
 def write_slot(state: CacheState, slot: int, rec: np.ndarray, conv: np.ndarray) -> CacheState:
-    gdn = _scatter_slot(
-        state.gdn, jnp.asarray(slot, jnp.int32), jnp.asarray(rec), jnp.asarray(conv)
+    i = np.asarray(slot, np.int32)
+    gdn = tuple(
+        GDNSlots(_scatter(s.recurrent, i, rec[n]), _scatter(s.conv, i, conv[n]))
+        for n, s in enumerate(state.gdn)
     )
     return CacheState(kv=state.kv, gdn=gdn)

@@ -17,6 +17,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,9 @@ from flipjax.stopping import append_token
 from flipjax.tiny import TINY_NAME, tiny_model
 from flipjax.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from flipjax.weights import load_params
+
+if TYPE_CHECKING:
+    from sharding.flip import FlipRecord
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -73,13 +77,14 @@ class Engine:
         dtype: jnp.dtype,
         engine_config: EngineConfig | None = None,
         prefix_store: PrefixStore | None = None,
+        layout: str | None = None,
     ):
         self.config: ModelConfig = model.cfg
         self.engine_config = ec = engine_config or EngineConfig()
         self.tokenizer = tokenizer
         self.name = name
         self.dtype = dtype
-        self.graphdef, self.params = nnx.split(model)
+        self.graphdef, params = nnx.split(model)
         self.pages = PagePool(ec.num_pages, "kv pages")
         self.slots = SlotPool(ec.slots, "gdn slots")
         self.prefix_store = prefix_store
@@ -94,9 +99,14 @@ class Engine:
             on_admit=self._seed_from_store,
         )  # fmt: skip
         self.max_model_len = ec.model_len(self.config)
+        placement = None
+        if layout is not None:
+            from sharding.layout import placement_for  # layouts sit above the engine
+
+            placement = placement_for(layout, self.config)
         self.runner = ModelRunner(
-            self.config, self.graphdef, self.params, dtype, ec.page_size, ec.num_pages, ec.slots,
-            self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens,
+            self.config, self.graphdef, params, dtype, ec.page_size, ec.num_pages, ec.slots,
+            self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens, placement,
         )  # fmt: skip
         self._requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
@@ -108,16 +118,21 @@ class Engine:
 
     @classmethod
     def from_pretrained(
-        cls, path: str, dtype: str | jnp.dtype = "float32", **engine_options: int | None
+        cls,
+        path: str,
+        dtype: str | jnp.dtype = "float32",
+        layout: str | None = None,
+        **engine_options: int | None,
     ) -> Engine:
         """`path` is a HF checkpoint folder, or "tiny" for the embedded untrained model.
 
-        `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
+        `layout` places the state (`tp:2`, `pp:5,3`, ...; see `sharding.layout`); the default
+        is one device. `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
         """
         jdtype = parse_dtype(dtype)
         ec = EngineConfig(**engine_options)
         if path == TINY_NAME:
-            return cls(tiny_model(jdtype), ByteTokenizer(), TINY_NAME, jdtype, ec)
+            return cls(tiny_model(jdtype), ByteTokenizer(), TINY_NAME, jdtype, ec, layout=layout)
         if not os.path.isdir(path):
             raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
         cfg = ModelConfig.from_hf(path)
@@ -125,7 +140,36 @@ class Engine:
         graphdef, abstract_state = nnx.split(abstract)
         model = nnx.merge(graphdef, load_params(path, cfg, abstract_state, jdtype))
         tokenizer = load_tokenizer(path, cfg.eos_token_id)
-        return cls(model, tokenizer, os.path.basename(os.path.normpath(path)), jdtype, ec)
+        name = os.path.basename(os.path.normpath(path))
+        return cls(model, tokenizer, name, jdtype, ec, layout=layout)
+
+    # -- layout ---------------------------------------------------------------------------------
+
+    @property
+    def params(self) -> nnx.State:
+        """The parameters, wherever the current layout placed them (read through the binding)."""
+        return self.runner.params
+
+    @property
+    def layout(self) -> str:
+        """The current layout's text form: `single`, `tp:2`, `pp:5,3`, ..."""
+        return self.runner.binding.placement.name
+
+    def arm(self, layout: str) -> None:
+        """Compile `layout`'s step programs now, so a later flip to it compiles nothing."""
+        from sharding.flip import arm  # layouts sit above the engine
+
+        arm(self.runner, layout)
+
+    def flip(self, layout: str) -> FlipRecord | None:
+        """Reshard the live state to `layout`; requests in flight continue where they are.
+
+        Returns the flip's `FlipRecord` (None if already there). A refused or failed flip
+        raises and leaves the engine serving in its old layout.
+        """
+        from sharding.flip import flip  # layouts sit above the engine
+
+        return flip(self.runner, layout)
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -251,6 +295,11 @@ class Engine:
 
     def prompt_logits(self, token_ids: list[int]) -> np.ndarray:
         """Logits for every prompt position, [len(token_ids), vocab] float32 (contiguous path)."""
+        if len(self.runner.binding.stages) > 1:
+            raise ValueError(
+                f"prompt_logits: runs the whole model in one program; flip from {self.layout} "
+                "to a single-stage layout (single or tp) first"
+            )
         ids = self.encode_prompt(token_ids)
         self._check_length(len(ids))
         width = pow2_bucket(len(ids), 16)

@@ -1,18 +1,18 @@
-"""ModelRunner: owns the device state and runs bucketed, jitted model steps and the sampler.
+"""ModelRunner: turns rows into bucketed step inputs, runs them through the bound placement,
+and samples.
 
 Shapes are what make XLA compile, so they are kept to a small fixed set: a decode step is
 [B, 1] with B a power of two up to max_running_requests; a prefill step is one request's chunk,
 [1, T] with T a power of two up to max_prefill_tokens; the page table is always as wide as the
 longest request allowed (attention walks only the blocks the batch needs). `warmup` compiles
 that whole set, after which serving never compiles the model step; every compilation is
-counted. The step functions are jitted once per process and keyed by (config, graphdef, kernel
-mode), so engines over the same model share programs (see `jitted_step`).
+counted. The state and the step programs are reached through `self.binding` (see
+`flipjax.binding`), the one object a layout flip swaps; programs are cached per process, so
+engines over the same model and placement share them.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,28 +21,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flipjax.binding import Binding
 from flipjax.buckets import pages_for, pow2_bucket
 from flipjax.cache import CacheState, init_cache_state
 from flipjax.compile_counter import CompileCounter
 from flipjax.config import ModelConfig
-from flipjax.paged import model_step, write_slots
+from flipjax.placement import Placement, single_device
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams, build_inputs, sample
+from flipjax.stages import ModelParts
 from kernels_pallas import dispatch
 
 MIN_PREFILL_BUCKET = 16
-
-_jitted_write_slots = jax.jit(write_slots, donate_argnums=(0,))
-
-
-@functools.cache
-def jitted_step(cfg: ModelConfig, graphdef: nnx.GraphDef, kernels: str) -> Callable[..., Any]:
-    """The jitted step of one model structure and kernel mode, shared by every engine over it.
-
-    Binding (cfg, graphdef) here rather than passing them as static arguments keeps their
-    hashing (milliseconds for a graphdef) out of every step.
-    """
-    return jax.jit(functools.partial(model_step, cfg, graphdef, kernels), donate_argnums=(1,))
-
 
 @dataclass
 class Row:
@@ -65,18 +54,45 @@ class ModelRunner:
         max_model_len: int,
         max_running_requests: int,
         max_prefill_tokens: int,
+        placement: Placement | None = None,
     ):
         self.cfg = cfg
         self.graphdef = graphdef
-        self.params = params
         self.num_slots = num_slots
         self.table_width = pages_for(max_model_len, page_size)
         self.decode_buckets = _pow2_range(1, max_running_requests)
         self.prefill_buckets = _pow2_range(MIN_PREFILL_BUCKET, max_prefill_tokens)
-        self.state: CacheState = init_cache_state(cfg, num_pages, page_size, num_slots, dtype)
         self.compiles = CompileCounter()
         self.kernels = dispatch.current_mode()
-        self._step = jitted_step(cfg, graphdef, self.kernels)
+        self.parts = ModelParts.of(graphdef, params)
+        state = init_cache_state(cfg, num_pages, page_size, num_slots, dtype)
+        self.binding = Binding.place(
+            placement or single_device(cfg), params, state, cfg=cfg, parts=self.parts,
+            kernels=self.kernels, dtype=dtype, num_slots=num_slots,
+            table_width=self.table_width, compiles=self.compiles,
+        )  # fmt: skip
+        # Layout bookkeeping, kept by `sharding.flip`: placements whose programs are compiled,
+        # the binding generation (one per flip) and what each flip moved.
+        self.armed: dict[str, Placement] = {self.binding.placement.name: self.binding.placement}
+        self.generation = 0
+        self.flips: list[Any] = []
+
+    @property
+    def params(self) -> nnx.State:
+        return self.binding.params
+
+    @property
+    def state(self) -> CacheState:
+        return self.binding.state
+
+    @state.setter
+    def state(self, state: CacheState) -> None:
+        self.binding.state = state
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every step shape serving uses: the decode and the prefill buckets."""
+        return [(b, 1) for b in self.decode_buckets] + [(1, t) for t in self.prefill_buckets]
 
     def run(self, rows: list[Row], decode: bool) -> jax.Array:
         """Feed each row's tokens; returns logits at each row's last token, [B_bucket, vocab].
@@ -113,8 +129,7 @@ class ModelRunner:
         All-padding inputs (position -1, slot out of range) write nothing, so this is safe at
         any time. Samplers with penalties or logprobs still compile on first use.
         """
-        shapes = [(b, 1) for b in self.decode_buckets] + [(1, t) for t in self.prefill_buckets]
-        for b, t in shapes:
+        for b, t in self.shapes:
             logits = self._run(
                 np.zeros((b, t), np.int32),
                 np.full((b, t), -1, np.int32),
@@ -128,20 +143,7 @@ class ModelRunner:
     def _run(
         self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
     ) -> jax.Array:
-        slot_ids = jnp.asarray(slots)
-        with self.compiles.watch():
-            logits, kv, rows = self._step(
-                self.params,
-                self.state.kv,
-                self.state.gdn,
-                jnp.asarray(tokens),
-                jnp.asarray(positions),
-                jnp.asarray(table),
-                slot_ids,
-            )
-            gdn = _jitted_write_slots(self.state.gdn, slot_ids, rows)
-        self.state = CacheState(kv=kv, gdn=gdn)
-        return logits
+        return self.binding.run(tokens, positions, table, slots)
 
 
 def _pow2_range(lo: int, hi: int) -> list[int]:

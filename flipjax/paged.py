@@ -1,6 +1,7 @@
 """The engine's model step over pooled state: paged KV for attention, slots for GDN state.
 
-A step is two programs. `model_step` reads the GDN slots, runs the model, writes new K/V into
+A step runs per stage (one stage unless the layout is a pipeline), and each stage is two
+programs. `stage_step` reads the GDN slots, runs the model, writes new K/V into
 the pages (in place, donated) and returns the rows' new GDN states; `write_slots` then puts
 those rows back into the slot pools (in place, donated). The split is deliberate: in one
 program XLA fuses the slot gather into several consumers and, to keep the pool readable while
@@ -18,12 +19,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from flipjax.cache import GDNSlots, KVPages
 from flipjax.config import FULL_ATTENTION, ModelConfig
 from flipjax.gdn import GDNState
-from flipjax.model import forward
+from flipjax.stages import ModelParts, StageParams, StageSpan, stage_forward
 from kernels_pallas import dispatch
 from kernels_pallas.paged_attention import write_pages
 
@@ -43,29 +43,31 @@ class PagedKV(NamedTuple):
         return out, PagedKV(k_pages, v_pages, self.page_table)
 
 
-def model_step(
+def stage_step(
     cfg: ModelConfig,
-    graphdef: nnx.GraphDef,
+    parts: ModelParts,
+    span: StageSpan,
     kernels: str,
-    params: nnx.State,
+    params: StageParams,
     kv: tuple[KVPages, ...],
     gdn: tuple[GDNSlots, ...],
-    tokens: jax.Array,
+    x: jax.Array,
     positions: jax.Array,
     page_table: jax.Array,
     slot_ids: jax.Array,
 ) -> tuple[jax.Array, tuple[KVPages, ...], tuple[GDNState, ...]]:
-    """tokens, positions: [B, T]; page_table: [B, M]; slot_ids: [B].
+    """One stage of a step. x: tokens [B, T] (first stage) or hidden [B, T, hidden];
+    positions: [B, T]; page_table: [B, M]; slot_ids: [B]; kv and gdn: this stage's pools.
 
-    Returns logits at each row's last real token ([B, vocab] float32), the updated KV pages,
-    and each GDN layer's new per-row state ([B, ...]) for `write_slots`. `kernels` is the
-    kernel dispatch mode the step is traced in.
+    Returns the stage's output (hidden, or on the last stage float32 logits at each row's last
+    real token, [B, vocab]), its updated KV pages, and each of its GDN layers' new per-row
+    state ([B, ...]) for `write_slots`. `kernels` is the kernel dispatch mode it is traced in.
     """
     fresh = (positions[:, 0] == 0)[:, None, None, None]
     caches: list[Any] = []
     kv_iter, gdn_iter = iter(kv), iter(gdn)
-    for layer_type in cfg.layer_types:
-        if layer_type == FULL_ATTENTION:
+    for i in span.layers:
+        if cfg.layer_types[i] == FULL_ATTENTION:
             pages = next(kv_iter)
             caches.append(PagedKV(pages.k, pages.v, page_table))
         else:
@@ -79,14 +81,14 @@ def model_step(
                 )
             )
     with dispatch.kernels(kernels):
-        logits, new_caches = forward(graphdef, params, tokens, positions, tuple(caches), True)
+        out, new_caches = stage_forward(parts, span, params, x, positions, tuple(caches))
     new_kv, rows = [], []
-    for layer_type, new in zip(cfg.layer_types, new_caches, strict=True):
-        if layer_type == FULL_ATTENTION:
+    for i, new in zip(span.layers, new_caches, strict=True):
+        if cfg.layer_types[i] == FULL_ATTENTION:
             new_kv.append(KVPages(new.k_pages, new.v_pages))
         else:
             rows.append(new)
-    return logits, tuple(new_kv), tuple(rows)
+    return out, tuple(new_kv), tuple(rows)
 
 
 def write_slots(

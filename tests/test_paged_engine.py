@@ -221,25 +221,13 @@ def test_no_recompilation_after_warmup(model):
 
 def test_step_updates_pools_in_place(engine):
     """No step program copies a whole KV or GDN pool (a copy costs the pool's size per token)."""
-    from flipjax import model_runner
-
     r = engine.runner
     pool_shapes = {
         f"f32[{','.join(map(str, a.shape))}]" for a in jax.tree_util.tree_leaves(r.state)
     }
     for t in (1, 16):
-        args = (
-            jnp.zeros((1, t), jnp.int32),
-            jnp.full((1, t), -1, jnp.int32),
-            jnp.zeros((1, r.table_width), jnp.int32),
-            jnp.full((1,), r.num_slots, jnp.int32),
-        )
-        text = (
-            model_runner.jitted_step(r.cfg, r.graphdef, r.kernels)
-            .lower(r.params, r.state.kv, r.state.gdn, *args)
-            .compile()
-            .as_text()
-        )
+        step, write = r.binding.programs(0, (1, t))
+        text = step.as_text() + write.as_text()
         copies = [
             line for line in text.splitlines()
             if " copy(" in line and any(s in line.split("=")[1] for s in pool_shapes)

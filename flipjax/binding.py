@@ -1,0 +1,195 @@
+"""The one binding a runner reads at use: the placed state and the programs that run on it.
+
+A `Binding` pairs a `Placement` with the arrays placed by it (parameters and pools) and runs a
+step as a chain of stage programs: per stage, the model step then the slot write, with the
+hidden state handed to the next stage's devices by `jax.device_put` (dispatch stays
+asynchronous). Under a pipeline a decode batch is cut into micro-batches so that stage s works
+on micro-batch i + 1 while stage s + 1 works on micro-batch i.
+
+Programs are compiled ahead of time from abstract shapes (`compile_programs`) and cached per
+process by (model, kernel mode, placement, pool shapes, stage, shape), so arming a layout before
+a flip leaves nothing to compile after it. Nothing outside the binding keeps a reference to its
+arrays: a flip builds a new binding and swaps it in whole.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, SingleDeviceSharding
+
+from flipjax.cache import CacheState
+from flipjax.compile_counter import CompileCounter
+from flipjax.config import ModelConfig
+from flipjax.gdn import GDNState
+from flipjax.paged import stage_step, write_slots
+from flipjax.placement import REPLICATED, Placement
+from flipjax.stages import ModelParts, stage_params
+
+Shape = tuple[int, int]  # (rows, tokens per row) of one step
+_programs: dict[tuple[Any, ...], Any] = {}
+_concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )
+
+
+class Binding:
+    def __init__(
+        self,
+        placement: Placement,
+        cfg: ModelConfig,
+        parts: ModelParts,
+        kernels: str,
+        params: nnx.State,
+        state: CacheState,
+        dtype: jnp.dtype,
+        num_slots: int,
+        table_width: int,
+        compiles: CompileCounter,
+    ):
+        self.placement = placement
+        self.cfg = cfg
+        self.parts = parts
+        self.kernels = kernels
+        self.params = params
+        self.dtype = dtype
+        self.num_slots = num_slots
+        self.table_width = table_width
+        self.compiles = compiles
+        self.stages = placement.stages
+        self._params = [stage_params(params, s.span) for s in self.stages]
+        self._kv_ids = [s.span.attention_layers(cfg) for s in self.stages]
+        self._gdn_ids = [s.span.gdn_layers(cfg) for s in self.stages]
+        self._inputs = [NamedSharding(s.mesh, REPLICATED) for s in self.stages]
+        self.sampler_sharding = SingleDeviceSharding(jax.devices()[0])
+        self.state = state
+        pools = tuple((x.shape, x.dtype) for x in jax.tree.leaves(state))
+        dtypes = tuple(sorted({str(x.dtype) for x in jax.tree.leaves(params)}))
+        self._key_base = (cfg, parts, kernels, placement.key, pools, dtypes, table_width)
+
+    @classmethod
+    def place(
+        cls, placement: Placement, params: nnx.State, state: CacheState, **binding: Any
+    ) -> Binding:
+        """Put `params` and `state` where `placement` says (copies) and bind them."""
+        cfg = binding["cfg"]
+        params = jax.device_put(params, placement.param_shardings(params))
+        state = jax.device_put(state, placement.state_shardings(cfg))
+        return cls(placement, params=params, state=state, **binding)
+
+    @property
+    def state(self) -> CacheState:
+        return CacheState(
+            kv=tuple(x for kv in self._kv for x in kv),
+            gdn=tuple(x for gdn in self._gdn for x in gdn),
+        )
+
+    @state.setter
+    def state(self, state: CacheState) -> None:
+        self._kv = [tuple(state.kv[i] for i in ids) for ids in self._kv_ids]
+        self._gdn = [tuple(state.gdn[i] for i in ids) for ids in self._gdn_ids]
+
+    def micro_batches(self, rows: int) -> int:
+        """How many micro-batches a step of `rows` rows is cut into (1 unless pipelined)."""
+        m = 1
+        while m * 2 <= min(len(self.stages), rows):
+            m *= 2
+        return m
+
+    def run(
+        self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
+    ) -> jax.Array:
+        """One step over [B, T] rows; returns logits [B, vocab] on the sampler's device."""
+        b, t = tokens.shape
+        m = self.micro_batches(b)
+        size = b // m
+        logits = []
+        for j in range(m):
+            rows = slice(j * size, (j + 1) * size)
+            x: jax.Array | np.ndarray = tokens[rows]
+            for s in range(len(self.stages)):
+                step, write = self.programs(s, (size, t))
+                put = functools.partial(jax.device_put, device=self._inputs[s])
+                slot_ids = put(slots[rows])
+                x, kv, new_rows = step(
+                    self._params[s], self._kv[s], self._gdn[s], put(x),
+                    put(positions[rows]), put(table[rows]), slot_ids,
+                )  # fmt: skip
+                self._kv[s] = kv
+                self._gdn[s] = write(self._gdn[s], slot_ids, new_rows)
+            logits.append(jax.device_put(x, self.sampler_sharding))
+        if m == 1:
+            return logits[0]
+        with self.compiles.watch():
+            return _concat(logits)
+
+    def programs(self, stage: int, shape: Shape) -> tuple[Any, Any]:
+        key = self._key(stage, shape)
+        if key not in _programs:
+            with self.compiles.watch():
+                compile_programs(self, [shape], stages=[stage])
+        return _programs[key]
+
+    def _key(self, stage: int, shape: Shape) -> tuple[Any, ...]:
+        return (*self._key_base, stage, shape)
+
+
+def compile_programs(
+    binding: Binding, shapes: Iterable[Shape], stages: Iterable[int] | None = None
+) -> None:
+    """Compile the stage programs of `shapes` for `binding`'s placement, from abstract shapes.
+
+    Only the binding's placement and the shapes and dtypes of its arrays are read, so this can
+    run for a layout before any array moves to it (arming).
+    """
+    cfg, placement = binding.cfg, binding.placement
+    state_sh = placement.state_shardings(cfg)
+    params = _abstract(binding.params, placement.param_shardings(binding.params))
+    state = _abstract(binding.state, state_sh)
+    shapes = list(shapes)
+    for s in stages if stages is not None else range(len(binding.stages)):
+        span = binding.stages[s].span
+        rep = binding._inputs[s]
+        kv = tuple(state.kv[i] for i in binding._kv_ids[s])
+        gdn = tuple(state.gdn[i] for i in binding._gdn_ids[s])
+        kv_sh = tuple(state_sh.kv[i] for i in binding._kv_ids[s])
+        gdn_sh = tuple(state_sh.gdn[i] for i in binding._gdn_ids[s])
+        # A layer's per-row GDN states are sharded like its slot pool (same axes after 0).
+        rows_sh = tuple(GDNState(g.recurrent, g.conv) for g in gdn_sh)
+        step_fn = jax.jit(
+            functools.partial(stage_step, cfg, binding.parts, span, binding.kernels),
+            donate_argnums=(1,),
+            out_shardings=(rep, kv_sh, rows_sh),
+        )
+        write_fn = jax.jit(write_slots, donate_argnums=(0,), out_shardings=gdn_sh)
+        for b, t in shapes:
+            key = binding._key(s, (b, t))
+            if key in _programs:
+                continue
+            ints = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32, sharding=rep)
+            x = ints((b, t)) if span.first else jax.ShapeDtypeStruct(
+                (b, t, cfg.hidden_size), binding.dtype, sharding=rep
+            )
+            step = step_fn.lower(
+                stage_params(params, span), kv, gdn, x,
+                ints((b, t)), ints((b, binding.table_width)), ints((b,)),
+            ).compile()  # fmt: skip
+            rows = tuple(
+                GDNState(*(
+                    jax.ShapeDtypeStruct((b, *a.shape[1:]), a.dtype, sharding=a.sharding)
+                    for a in pool
+                ))
+                for pool in gdn
+            )  # fmt: skip
+            write = write_fn.lower(gdn, ints((b,)), rows).compile()
+            _programs[key] = (step, write)

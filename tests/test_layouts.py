@@ -1,0 +1,142 @@
+"""Layouts and the live phase flip on 8 virtual CPU devices: same tokens in every layout, across
+flips mid-generation, and nothing lost when a flip is refused or fails."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from flipjax import Engine
+from sharding import flip as flip_module
+from sharding.layout import PP, TP, LayoutError, parse_layout, placement_for
+
+PROMPTS = [[(i * 7 + 3) % 256 for i in range(n)] for n in (5, 17, 40)]
+OPTIONS = dict(num_pages=64, max_running_requests=4, max_prefill_tokens=32)
+NEW_TOKENS = 24  # enough decode steps for ten round trips in one run
+
+
+def make(layout: str | None = None) -> Engine:
+    return Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
+
+
+def run(engine: Engine, flips: dict[int, str] | None = None) -> list[list[int]]:
+    """Generate PROMPTS; before step i, flip to flips[i]."""
+    ids = [engine.add_request(p, max_new_tokens=NEW_TOKENS) for p in PROMPTS]
+    done, step = {}, 0
+    while engine.has_unfinished():
+        if flips and step in flips:
+            engine.flip(flips[step])
+        for out in engine.step():
+            done[out.request_id] = out.token_ids
+        step += 1
+    engine.check()
+    return [done[i] for i in ids]
+
+
+@pytest.fixture(scope="module")
+def straight() -> list[list[int]]:
+    """Single device, never flipped: the reference every other run must equal."""
+    return run(make())
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    """Starts in an uneven pipeline; both layouts armed once for the module."""
+    e = make("pp:5,3")
+    e.warmup()
+    e.arm("tp:2")
+    return e
+
+
+def test_layout_text_forms():
+    assert parse_layout("tp") == TP()
+    assert parse_layout("tp:4") == TP(4)
+    assert parse_layout("pp:32,16,16") == PP((32, 16, 16))
+    assert parse_layout("pp:32,16,16@4,2,2") == PP((32, 16, 16), (4, 2, 2))
+    for text in ("tp:4", "pp:32,16,16@4,2,2", "single"):
+        assert str(parse_layout(text)) == text
+    for bad, named in [("pp", "not one of"), ("pp:3,x", "integers"), ("pp:4,4@2", "widths"),
+                       ("tp:0", "positive")]:  # fmt: skip
+        with pytest.raises(LayoutError, match=named):
+            parse_layout(bad)
+
+
+def test_placements_split_what_they_say(engine):
+    cfg = engine.config
+    tp = placement_for("tp:2", cfg)
+    shardings = tp.param_shardings(engine.params)
+    q = shardings["model"]["layers"][3]["self_attn"]["q_proj"]["weight"].get_value()
+    o = shardings["model"]["layers"][3]["self_attn"]["o_proj"]["weight"].get_value()
+    assert q.spec == P("tp", None) and o.spec == P(None, "tp")
+    assert tp.state_shardings(cfg).kv[0].k.spec == P(None, None, "tp", None)
+    assert tp.state_shardings(cfg).gdn[0].recurrent.spec == P(None, "tp", None, None)
+    # Under the pipeline each stage's leaves live on its own device only.
+    devices = jax.devices()
+    layers = engine.params["model"]["layers"]
+    assert layers[0]["input_layernorm"]["weight"].get_value().devices() == {devices[0]}
+    assert layers[7]["input_layernorm"]["weight"].get_value().devices() == {devices[1]}
+    assert engine.runner.state.kv[0].k.devices() == {devices[0]}  # layer 3
+    assert engine.runner.state.kv[1].k.devices() == {devices[1]}  # layer 7
+
+
+@pytest.mark.parametrize("layout", ["tp:2", "pp:3,5@2,2", "pp:2,2,2,2"])
+def test_every_layout_generates_the_same_tokens(layout, straight):
+    assert run(make(layout)) == straight
+
+
+def test_flip_mid_generation_both_ways(engine, straight):
+    before = engine.compile_count
+    assert run(engine, {3: "tp:2"}) == straight  # PP -> TP after prefill, mid-decode
+    assert engine.layout == "tp:2"
+    assert run(engine, {1: "pp:5,3"}) == straight  # TP -> PP mid-prefill
+    assert engine.layout == "pp:5,3"
+    assert engine.compile_count == before, "a flip between armed layouts compiled"
+    record = engine.runner.flips[-1]
+    assert record.direction == "tp:2->pp:5,3" and record.generation == engine.runner.generation
+    assert record.weights_bytes == sum(x.nbytes for x in jax.tree.leaves(engine.params))
+    assert record.kv_bytes > 0 and record.gdn_bytes > 0 and record.total_ms > 0
+
+
+def test_ten_round_trips_in_a_row(engine, straight):
+    live = len(jax.live_arrays())
+    flips = {i: ("tp:2" if i % 2 == 0 else "pp:5,3") for i in range(20)}  # a flip every step
+    generation = engine.runner.generation
+    assert run(engine, flips) == straight
+    assert engine.runner.generation == generation + 20
+    assert engine.layout == "pp:5,3"
+    assert len(jax.live_arrays()) == live, "a flip left arrays behind"
+
+
+def test_refused_flip_keeps_the_old_layout(engine, straight):
+    refusals = [
+        ("pp:5,4", "sum to 9"),
+        ("tp:4", "linear_num_key_heads"),
+        ("pp:4,4@4,4,", "integers"),
+        ("pp:4,4@8,8", "needs 16 devices"),
+    ]
+    for bad, named in refusals:
+        with pytest.raises(LayoutError, match=named):
+            engine.flip(bad)
+        assert engine.layout == "pp:5,3"
+    assert run(engine) == straight
+
+
+def test_failure_mid_flip_leaves_the_old_binding_serving(engine, straight, monkeypatch):
+    real_move = flip_module._move
+    calls = []
+
+    def failing_move(tree, shardings):
+        calls.append(1)
+        if len(calls) == 2:  # weights moved, KV not yet
+            raise RuntimeError("injected: device lost")
+        return real_move(tree, shardings)
+
+    monkeypatch.setattr(flip_module, "_move", failing_move)
+    binding, generation = engine.runner.binding, engine.runner.generation
+    with pytest.raises(flip_module.FlipError, match="injected: device lost"):
+        engine.flip("tp:2")
+    assert engine.runner.binding is binding and engine.runner.generation == generation
+    assert engine.layout == "pp:5,3"
+    monkeypatch.setattr(flip_module, "_move", real_move)
+    assert run(engine, {2: "tp:2", 4: "pp:5,3"}) == straight
