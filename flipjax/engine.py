@@ -30,6 +30,7 @@ from flipjax.cache_io import read_pages, read_slot, write_pages, write_slot
 from flipjax.config import EngineConfig, ModelConfig
 from flipjax.model import Qwen3NextForCausalLM, forward, init_cache
 from flipjax.model_runner import ModelRunner, Row
+from flipjax.orbax_ckpt import abstract_params, is_orbax, restore_params
 from flipjax.prefix import PrefixStore
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams
 from flipjax.scheduler import Scheduler
@@ -124,7 +125,9 @@ class Engine:
         layout: str | None = None,
         **engine_options: int | None,
     ) -> Engine:
-        """`path` is a HF checkpoint folder, or "tiny" for the embedded untrained model.
+        """`path` is a HF checkpoint folder, an orbax folder written by `python -m flipjax.ckpt
+        convert` (restored straight into the layout's shardings), or "tiny" for the embedded
+        untrained model.
 
         `layout` places the state (`tp:2`, `pp:5,3`, ...; see `sharding.layout`); the default
         is one device. `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
@@ -136,9 +139,17 @@ class Engine:
         if not os.path.isdir(path):
             raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
         cfg = ModelConfig.from_hf(path)
-        abstract = nnx.eval_shape(lambda: Qwen3NextForCausalLM(cfg, dtype=jdtype, rngs=nnx.Rngs(0)))
-        graphdef, abstract_state = nnx.split(abstract)
-        model = nnx.merge(graphdef, load_params(path, cfg, abstract_state, jdtype))
+        graphdef, abstract = abstract_params(cfg, jdtype)
+        if is_orbax(path):
+            shardings = None
+            if layout is not None:
+                from sharding.layout import placement_for  # layouts sit above the engine
+
+                shardings = placement_for(layout, cfg).param_shardings(abstract)
+            params = restore_params(path, cfg, abstract, shardings)
+        else:
+            params = load_params(path, cfg, abstract, jdtype)
+        model = nnx.merge(graphdef, params)
         tokenizer = load_tokenizer(path, cfg.eos_token_id)
         name = os.path.basename(os.path.normpath(path))
         return cls(model, tokenizer, name, jdtype, ec, layout=layout)

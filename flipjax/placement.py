@@ -21,6 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from flipjax.cache import CacheState, GDNSlots, KVPages
 from flipjax.config import ModelConfig
 from flipjax.stages import StageSpan
+from flipjax.weights import param_name
 
 REPLICATED = PartitionSpec()
 # (parameter path like "model.layers.3.self_attn.q_proj.weight", shape) -> spec in its stage
@@ -66,7 +67,7 @@ class Placement:
 
     def param_shardings(self, params: nnx.State) -> nnx.State:
         def sharding(path: tuple[Any, ...], leaf: Any) -> NamedSharding:
-            name = param_path(path)
+            name = param_name(path)
             stage = self.stages[self._stage_of_param(name)]
             return NamedSharding(stage.mesh, stage.param_rule(name, tuple(leaf.shape)))
 
@@ -88,16 +89,6 @@ class Placement:
             for i in cfg.linear_attention_layers
         )
         return CacheState(kv=kv, gdn=gdn)
-
-
-def param_path(path: tuple[Any, ...]) -> str:
-    """A tree path as the checkpoint's dotted name (`model.layers.0.mlp.gate.weight`)."""
-    keys = []
-    for k in path:
-        key = getattr(k, "key", getattr(k, "name", getattr(k, "idx", None)))
-        if key != "value":
-            keys.append(str(key))
-    return ".".join(keys)
 
 
 def single_device(cfg: ModelConfig, device: jax.Device | None = None) -> Placement:

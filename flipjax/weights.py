@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors import safe_open
+from tqdm import tqdm
 
 from flipjax.config import ModelConfig
 
@@ -88,8 +89,19 @@ def _sources(name: str, shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int
         yield f"{prefix}.{e}.{proj}.weight", (shape[2], shape[1])
 
 
-def load_params(path: str, cfg: ModelConfig, abstract: nnx.State, dtype: jnp.dtype) -> nnx.State:
-    """Fill `abstract` (an eval_shape'd NNX state) from the safetensors files under `path`."""
+def load_params(
+    path: str,
+    cfg: ModelConfig,
+    abstract: nnx.State,
+    dtype: jnp.dtype,
+    on_device: bool = True,
+    progress: bool = False,
+) -> nnx.State:
+    """Fill `abstract` (an eval_shape'd NNX state) from the safetensors files under `path`.
+
+    Every problem is found before anything is read. `on_device=False` keeps host (numpy)
+    arrays, for conversion; `progress` shows a bar over the tensors.
+    """
     reader = _Reader(_tensor_files(path))
     available = set(reader.files)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
@@ -124,10 +136,11 @@ def load_params(path: str, cfg: ModelConfig, abstract: nnx.State, dtype: jnp.dty
         )
 
     arrays = []
-    for (key_path, _), parts in zip(leaves, plan, strict=True):
+    todo = zip(leaves, plan, strict=True)
+    for (key_path, _), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
         if not _EXPERT.match(param_name(key_path)):
             host = reader.read(parts[0])
         else:
             host = np.stack([reader.read(p).T for p in parts])
-        arrays.append(jnp.asarray(host, dtype=dtype))
+        arrays.append(jnp.asarray(host, dtype=dtype) if on_device else host.astype(dtype))
     return jax.tree_util.tree_unflatten(treedef, arrays)

@@ -1,0 +1,42 @@
+"""`python -m flipjax.ckpt`: orbax checkpoint tools.
+
+    convert HF_DIR OUT_DIR [--dtype bfloat16]   HF safetensors to an orbax checkpoint
+    inspect OUT_DIR                             tree, shapes, dtypes and bytes
+
+`Engine.from_pretrained` and `python -m flipjax.serve --model` accept either format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flipjax.ckpt")
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("convert", help="HF safetensors folder to orbax")
+    convert.add_argument("hf_dir")
+    convert.add_argument("out_dir")
+    convert.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    inspect = commands.add_parser("inspect", help="list a converted checkpoint")
+    inspect.add_argument("out_dir")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+
+    from flipjax import orbax_ckpt
+    from flipjax.engine import parse_dtype
+
+    if args.command == "convert":
+        written = orbax_ckpt.convert(args.hf_dir, args.out_dir, parse_dtype(args.dtype))
+        print(f"wrote {args.out_dir}: {written / 2**20:.1f} MiB of {args.dtype} parameters")
+        return
+    rows = orbax_ckpt.inspect(args.out_dir)
+    width = max(len(name) for name, *_ in rows)
+    for name, shape, dtype, nbytes in rows:
+        print(f"{name:<{width}}  {str(list(shape)):<18} {dtype:<9} {nbytes:>12,d}")
+    total = sum(r[3] for r in rows)
+    print(f"{len(rows)} arrays, {total:,d} bytes ({total / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Orbax checkpoints of a model: convert from HF safetensors, inspect, restore into a layout.
+
+A converted folder holds the model's `config.json` and tokenizer files (copied), the parameter
+tree as an orbax checkpoint under `params/` (names are the HF names, experts stacked as the
+model keeps them), and `flipjax_orbax.json` (format version and dtype). Conversion writes to a
+`.partial` sibling and renames it into place last, so a folder that exists is complete.
+Restoring reads each array straight into the shardings asked for: under a layout, no device
+ever holds the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from flipjax.config import ModelConfig
+from flipjax.model import Qwen3NextForCausalLM
+from flipjax.weights import load_params, param_name
+
+MARKER = "flipjax_orbax.json"
+FORMAT_VERSION = 1
+PARAMS_DIR = "params"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def is_orbax(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MARKER))
+
+
+def abstract_params(cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    model = nnx.eval_shape(lambda: Qwen3NextForCausalLM(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+    return nnx.split(model)
+
+
+def convert(hf_dir: str, out_dir: str, dtype: jnp.dtype, progress: bool = True) -> int:
+    """Write `hf_dir`'s weights as an orbax checkpoint at `out_dir`; returns bytes written."""
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"output: {out_dir} already exists; refusing to overwrite it")
+    cfg = ModelConfig.from_hf(hf_dir)
+    _, abstract = abstract_params(cfg, dtype)
+    params = load_params(hf_dir, cfg, abstract, dtype, on_device=False, progress=progress)
+    partial = out_dir + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(os.path.join(partial, PARAMS_DIR), nnx.to_pure_dict(params))
+    checkpointer.wait_until_finished()
+    for name in os.listdir(hf_dir):
+        source = os.path.join(hf_dir, name)
+        if os.path.isfile(source) and not name.endswith(_WEIGHT_SUFFIXES) and "index" not in name:
+            shutil.copy2(source, partial)  # config, tokenizer, generation config
+    marker = {"format": FORMAT_VERSION, "dtype": jnp.dtype(dtype).name}
+    with open(os.path.join(partial, MARKER), "w") as f:
+        json.dump(marker, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(partial, out_dir)
+    return sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
+
+
+def _check_marker(path: str) -> dict[str, Any]:
+    with open(os.path.join(path, MARKER)) as f:
+        marker = json.load(f)
+    if marker.get("format") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: orbax checkpoint format {marker.get('format')!r} is not the supported "
+            f"{FORMAT_VERSION}"
+        )
+    return marker
+
+
+def restore_params(
+    path: str, cfg: ModelConfig, abstract: nnx.State, shardings: nnx.State | None = None
+) -> nnx.State:
+    """Read the checkpoint at `path` into `abstract`'s structure and dtypes, each array placed
+    by `shardings` (a matching tree of shardings; default: the first device)."""
+    _check_marker(path)
+    if shardings is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        shardings = jax.tree.map(lambda _: device, abstract)
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
+    restored = ocp.StandardCheckpointer().restore(
+        os.path.join(path, PARAMS_DIR), nnx.to_pure_dict(target)
+    )
+    nnx.replace_by_pure_dict(target, restored)
+    return target
+
+
+def inspect(path: str) -> list[tuple[str, tuple[int, ...], str, int]]:
+    """(name, shape, dtype, bytes) of every stored array, by name."""
+    _check_marker(path)
+    meta = ocp.StandardCheckpointer().metadata(os.path.join(path, PARAMS_DIR))
+    tree = meta.item_metadata.tree
+    rows = []
+    for key_path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = tuple(leaf.shape)
+        dtype = np.dtype(leaf.dtype)
+        rows.append((param_name(key_path), shape, dtype.name, int(np.prod(shape)) * dtype.itemsize))
+    return sorted(rows)
