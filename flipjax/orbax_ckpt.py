@@ -29,6 +29,7 @@ MARKER = "flipjax_orbax.json"
 FORMAT_VERSION = 1
 PARAMS_DIR = "params"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+_HF_TYPE = {"model_type": "qwen3_next"}
 
 
 def is_orbax(path: str) -> bool:
@@ -42,29 +43,49 @@ def abstract_params(cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, n
 
 def convert(hf_dir: str, out_dir: str, dtype: jnp.dtype, progress: bool = True) -> int:
     """Write `hf_dir`'s weights as an orbax checkpoint at `out_dir`; returns bytes written."""
-    out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir):
         raise FileExistsError(f"output: {out_dir} already exists; refusing to overwrite it")
     cfg = ModelConfig.from_hf(hf_dir)
     _, abstract = abstract_params(cfg, dtype)
     params = load_params(hf_dir, cfg, abstract, dtype, on_device=False, progress=progress)
+    return save(out_dir, params, cfg, dtype, copy_from=hf_dir)
+
+
+def save(
+    out_dir: str, params: nnx.State, cfg: ModelConfig, dtype: jnp.dtype, copy_from: str | None
+) -> int:
+    """Write `params` as a checkpoint folder; config and tokenizer files come from `copy_from`
+    (an HF folder), or the config is written from `cfg`. Returns the parameter bytes."""
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir):
+        raise FileExistsError(f"output: {out_dir} already exists; refusing to overwrite it")
     partial = out_dir + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.join(partial, PARAMS_DIR), nnx.to_pure_dict(params))
     checkpointer.wait_until_finished()
-    for name in os.listdir(hf_dir):
-        source = os.path.join(hf_dir, name)
-        if os.path.isfile(source) and not name.endswith(_WEIGHT_SUFFIXES) and "index" not in name:
-            shutil.copy2(source, partial)  # config, tokenizer, generation config
-    marker = {"format": FORMAT_VERSION, "dtype": jnp.dtype(dtype).name}
-    with open(os.path.join(partial, MARKER), "w") as f:
-        json.dump(marker, f)
-        f.flush()
-        os.fsync(f.fileno())
+    if copy_from is None:
+        _write_json(os.path.join(partial, "config.json"), {**cfg.to_dict(), **_HF_TYPE})
+    else:
+        for name in os.listdir(copy_from):
+            source = os.path.join(copy_from, name)
+            if os.path.isfile(source) and not name.endswith(_WEIGHT_SUFFIXES) and (
+                "index" not in name
+            ):
+                shutil.copy2(source, partial)  # config, tokenizer, generation config
+    _write_json(
+        os.path.join(partial, MARKER), {"format": FORMAT_VERSION, "dtype": jnp.dtype(dtype).name}
+    )
     os.rename(partial, out_dir)
     return sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _check_marker(path: str) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""`python -m flipjax.bench flip`: a live phase flip against a plain copy and against a restart.
+
+On the engine benchmark's reference model (133M parameters, fp32, random weights) with a KV pool
+and GDN slots, the engine starts in layout A with B armed, then flips A -> B -> A repeatedly.
+Peers, in the same run: `jax.device_put` of the same trees between the same placements (what a
+flip cannot beat), and a restart into B in a fresh process (restore from an orbax checkpoint
+plus the warm-up compile of every step shape), which is what a server without flips would do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+if "XLA_FLAGS" not in os.environ:  # on the CPU, give the layouts eight devices to use
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from flipjax.benchmarks.engine import REFERENCE_CONFIG  # noqa: E402
+from flipjax.config import EngineConfig, ModelConfig  # noqa: E402
+from flipjax.engine import Engine  # noqa: E402
+from flipjax.model import Qwen3NextForCausalLM  # noqa: E402
+from flipjax.tokenizer import ByteTokenizer  # noqa: E402
+
+ENGINE_OPTIONS = dict(num_pages=2048, max_running_requests=8, max_prefill_tokens=64)
+
+
+def _median_ms(fn, repeats: int) -> float:  # noqa: ANN001
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _restart_child(folder: str, layout: str) -> None:
+    """Runs in a fresh process: restore into `layout` and compile, print seconds."""
+    t0 = time.perf_counter()
+    engine = Engine.from_pretrained(folder, layout=layout, **ENGINE_OPTIONS)
+    restored = time.perf_counter() - t0
+    engine.warmup()
+    print(f"{restored:.3f} {time.perf_counter() - t0:.3f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flipjax.bench flip", description=__doc__)
+    p.add_argument("--a", default="pp:8,4", help="starting layout")
+    p.add_argument("--b", default="tp:2", help="layout flipped to")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--restart-child", nargs=2, metavar=("FOLDER", "LAYOUT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.restart_child:
+        _restart_child(*args.restart_child)
+        return
+
+    from flipjax import orbax_ckpt
+    from sharding.flip import _shardings  # the same target trees the flip moves
+
+    cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})
+    model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    engine = Engine(
+        model, ByteTokenizer(), "reference", jnp.float32, EngineConfig(**ENGINE_OPTIONS),
+        layout=args.a,
+    )  # fmt: skip
+    engine.warmup()
+    t0 = time.perf_counter()
+    engine.arm(args.b)
+    print(f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind}; arm {args.b}: "
+          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+
+    runner = engine.runner
+    records = {args.b: [], args.a: []}
+    for _ in range(args.repeats):
+        for target in (args.b, args.a):
+            records[target].append(engine.flip(target))
+    tree = (runner.binding.params, runner.binding.state)
+    placements = {name: runner.armed[name] for name in (args.a, args.b)}
+    shardings = {name: _shardings(runner, pl) for name, pl in placements.items()}
+    copies = {}
+    for source, target in ((args.a, args.b), (args.b, args.a)):
+        here = jax.block_until_ready(jax.device_put(tree, shardings[source]))
+        copies[target] = _median_ms(
+            lambda t=target, h=here: jax.block_until_ready(jax.device_put(h, shardings[t])),
+            args.repeats,
+        )
+        del here
+    for target, source in ((args.b, args.a), (args.a, args.b)):
+        recs = records[target]
+        flip_ms = statistics.median(r.total_ms for r in recs)
+        r = recs[-1]
+        print(
+            f"flip {source} -> {target}: {flip_ms:7.1f} ms for {r.total_bytes / 2**20:.0f} MiB "
+            f"(weights {r.weights_ms:.1f} ms, KV {r.kv_ms:.1f} ms, GDN {r.gdn_ms:.1f} ms) | "
+            f"device_put of the same trees {copies[target]:7.1f} ms | "
+            f"flip / copy = {flip_ms / copies[target]:.2f}x (target <= 1.5x)"
+        )
+
+    with tempfile.TemporaryDirectory() as folder:
+        ckpt = os.path.join(folder, "orbax")
+        orbax_ckpt.save(ckpt, runner.params, cfg, jnp.float32, copy_from=None)
+        child = subprocess.run(
+            [sys.executable, "-m", "flipjax.bench", "flip", "--restart-child", ckpt, args.b],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    restored_s, restart_s = map(float, child.stdout.split()[-2:])
+    flip_s = statistics.median(r.total_ms for r in records[args.b]) / 1e3
+    print(
+        f"restart into {args.b}: {restart_s:.2f} s (orbax restore {restored_s:.2f} s, then "
+        f"warm-up compile) | flip {flip_s * 1e3:.1f} ms | restart / flip = "
+        f"{restart_s / flip_s:.0f}x (target >= 10x)"
+    )
