@@ -30,7 +30,7 @@ serve: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .

@@ -3,8 +3,9 @@
 A `Binding` pairs a `Placement` with the arrays placed by it (parameters and pools) and runs a
 step as a chain of stage programs: per stage, the model step then the slot write, with the
 hidden state handed to the next stage's devices by `jax.device_put` (dispatch stays
-asynchronous). Under a pipeline a decode batch is cut into micro-batches so that stage s works
-on micro-batch i + 1 while stage s + 1 works on micro-batch i.
+asynchronous). Under a pipeline a step is cut into pieces (decode: micro-batches of rows;
+prefill: consecutive sub-chunks) so that stage s works on piece i + 1 while stage s + 1 works
+on piece i. Single device and TP are the one-stage case of the same runner.
 
 Programs are compiled ahead of time from abstract shapes (`compile_programs`) and cached per
 process by (model, kernel mode, placement, pool shapes, stage, shape), so arming a layout before
@@ -33,6 +34,7 @@ from flipjax.placement import REPLICATED, Placement
 from flipjax.stages import ModelParts, stage_params
 
 Shape = tuple[int, int]  # (rows, tokens per row) of one step
+MIN_PIECE_TOKENS = 16  # the smallest prefill bucket; sub-chunks are never smaller
 _programs: dict[tuple[Any, ...], Any] = {}
 _concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
 
@@ -99,37 +101,49 @@ class Binding:
         self._kv = [tuple(state.kv[i] for i in ids) for ids in self._kv_ids]
         self._gdn = [tuple(state.gdn[i] for i in ids) for ids in self._gdn_ids]
 
-    def micro_batches(self, rows: int) -> int:
-        """How many micro-batches a step of `rows` rows is cut into (1 unless pipelined)."""
+    def split(self, rows: int, tokens: int) -> tuple[int, int, int]:
+        """How a pipeline cuts a [rows, tokens] step: (pieces, rows each, tokens each).
+
+        A decode batch is cut into micro-batches of rows; a one-row prefill chunk into
+        consecutive sub-chunks of at least `MIN_PIECE_TOKENS`, each continuing the previous
+        one's pages and GDN state. Either way stage s works on piece i + 1 while stage s + 1
+        works on piece i. A single stage never cuts.
+        """
+        across = rows if rows > 1 else tokens // MIN_PIECE_TOKENS
         m = 1
-        while m * 2 <= min(len(self.stages), rows):
+        while m * 2 <= min(len(self.stages), across):
             m *= 2
-        return m
+        return (m, rows // m, tokens) if rows > 1 else (m, 1, tokens // m)
 
     def run(
         self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
     ) -> jax.Array:
         """One step over [B, T] rows; returns logits [B, vocab] on the sampler's device."""
         b, t = tokens.shape
-        m = self.micro_batches(b)
-        size = b // m
+        m, rb, tb = self.split(b, t)
+        if rb < b:
+            pieces = [(slice(j * rb, (j + 1) * rb), slice(None)) for j in range(m)]
+        else:
+            # Sub-chunks of one row: run up to the one holding the last real token, whose
+            # logits are the step's; the rest are all padding.
+            last = (int(np.sum(positions[0] >= 0)) - 1) // tb
+            pieces = [(slice(None), slice(j * tb, (j + 1) * tb)) for j in range(max(last, 0) + 1)]
         logits = []
-        for j in range(m):
-            rows = slice(j * size, (j + 1) * size)
-            x: jax.Array | np.ndarray = tokens[rows]
+        for rows, cols in pieces:
+            x: jax.Array | np.ndarray = tokens[rows, cols]
             for s in range(len(self.stages)):
-                step, write = self.programs(s, (size, t))
+                step, write = self.programs(s, (rb, tb))
                 put = functools.partial(jax.device_put, device=self._inputs[s])
                 slot_ids = put(slots[rows])
                 x, kv, new_rows = step(
                     self._params[s], self._kv[s], self._gdn[s], put(x),
-                    put(positions[rows]), put(table[rows]), slot_ids,
+                    put(positions[rows, cols]), put(table[rows]), slot_ids,
                 )  # fmt: skip
                 self._kv[s] = kv
                 self._gdn[s] = write(self._gdn[s], slot_ids, new_rows)
             logits.append(jax.device_put(x, self.sampler_sharding))
-        if m == 1:
-            return logits[0]
+        if rb == b:
+            return logits[-1]
         with self.compiles.watch():
             return _concat(logits)
 

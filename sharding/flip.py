@@ -88,8 +88,8 @@ def arm(runner: ModelRunner, layout: str | Layout) -> Placement:
     placement = placement_for(layout, runner.cfg)
     skeleton = _unplaced(runner, placement)
     shapes = set(runner.shapes)
-    for b, t in runner.shapes:  # the micro-batch shapes a pipeline cuts batches into
-        shapes.add((b // skeleton.micro_batches(b), t))
+    for b, t in runner.shapes:  # the pieces a pipeline cuts steps into
+        shapes.add(skeleton.split(b, t)[1:])
     with runner.compiles.watch():
         compile_programs(skeleton, sorted(shapes))
         current = runner.binding

@@ -76,7 +76,7 @@ def test_ragged_paged_attention_matches_reference(rows, kv_heads, group, page_si
     assert_attention_matches(case, dtype, **options)
 
 
-@settings(max_examples=8, deadline=None, derandomize=True)
+@settings(max_examples=6, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 2**16),
     contexts=st.lists(
