@@ -7,6 +7,8 @@ all of them verified: a missing state can never look like a complete seed.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 from flipjax.prefix import FetchedPrefix
@@ -16,12 +18,46 @@ from store.payload import PayloadLayout
 from store.tiered import TieredStore
 
 
+class KeyChains:
+    """Recently computed key chains, so that publishing page n of a growing sequence hashes the
+    new pages only: without it every publish rehashes the whole prefix (quadratic in length)."""
+
+    def __init__(self, root: bytes, page_size: int, capacity: int = 64):
+        self.root = root
+        self.page_size = page_size
+        self.capacity = capacity
+        self._chains: OrderedDict[bytes, list[bytes]] = OrderedDict()  # token bytes -> keys
+        self.hashed_pages = 0  # pages hashed so far, for tests and stats
+
+    def keys(self, token_ids: list[int], pages: int, resume: int) -> list[bytes]:
+        """Keys of the first `pages` full pages, continuing a cached chain of `resume` pages
+        when there is one."""
+        ps = self.page_size
+        ids = np.asarray(token_ids[: pages * ps], np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
+            raise ValueError("token_ids: every id must fit in uint32")
+        raw = ids.astype("<u4").tobytes()
+        hit = self._chains.get(raw)
+        if hit is None:
+            known = self._chains.get(raw[: resume * ps * 4], []) if resume else []
+            parent = known[-1] if known else self.root
+            tail = page_keys(parent, token_ids[len(known) * ps : pages * ps], ps)
+            self.hashed_pages += len(tail)
+            hit = known + tail
+            self._chains[raw] = hit
+        self._chains.move_to_end(raw)
+        while len(self._chains) > self.capacity:
+            self._chains.popitem(last=False)
+        return hit
+
+
 class StoreBridge:
     def __init__(self, store: TieredStore, layout: PayloadLayout):
         self.store = store
         self.layout = layout
         self.page_size = store.page_size
         self.gdn_interval = store.gdn_interval
+        self._chains = KeyChains(store.root, store.page_size)
 
     def fetch(self, token_ids: list[int]) -> FetchedPrefix | None:
         found = self.store.lookup(token_ids)
@@ -40,8 +76,7 @@ class StoreBridge:
         return FetchedPrefix(found.tokens, np.stack(pages), rec, conv)
 
     def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
-        end = (first_page + len(kv)) * self.page_size
-        keys = page_keys(self.store.root, token_ids[:end], self.page_size)
+        keys = self._chains.keys(token_ids, first_page + len(kv), resume=first_page)
         for key, page in zip(keys[first_page:], kv, strict=True):
             self.store.put(key, Kind.KV_PAGE, self.layout.encode_kv(page))
 
@@ -50,5 +85,6 @@ class StoreBridge:
             raise ValueError(
                 f"gdn anchor: {len(token_ids)} tokens is not on the {self.gdn_interval} grid"
             )
-        key = page_keys(self.store.root, token_ids, self.page_size)[-1]
+        pages = len(token_ids) // self.page_size
+        key = self._chains.keys(token_ids, pages, resume=pages)[-1]
         self.store.put(key, Kind.GDN_ANCHOR, self.layout.encode_gdn(recurrent, conv))

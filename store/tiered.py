@@ -54,7 +54,7 @@ class TieredStore:
         self.disk = disk
         self.write_back = write_back
         self.counters: Counter[str] = Counter()
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(queue_size)
+        self._queue: queue.Queue[Job] = queue.Queue(queue_size)
         self._lock = threading.Lock()
         host.on_evict = self._on_host_evict
         self._worker = threading.Thread(target=self._work, name="flipjax-store", daemon=True)
@@ -68,7 +68,7 @@ class TieredStore:
         in_host = self.host.put(key, kind, payload)
         disk = self.disk
         if disk is not None and (not self.write_back or not in_host):
-            self._submit(lambda: disk.put(key, kind, payload))
+            self._submit(_DiskPut(disk, key, kind, payload))
 
     def get(self, key: bytes, kind: Kind) -> bytes | None:
         """The verified payload from the nearest tier; a disk hit is promoted to host."""
@@ -174,7 +174,7 @@ class TieredStore:
         with self._lock:
             self.counters[name] += n
 
-    def _submit(self, job: Callable[[], None]) -> None:
+    def _submit(self, job: Job) -> None:
         try:
             self._queue.put_nowait(job)
             self._count("queued")
@@ -190,16 +190,59 @@ class TieredStore:
     def _on_host_evict(self, key: bytes, kind: Kind, payload: bytes) -> None:
         disk = self.disk
         if self.write_back and disk is not None:
-            self._submit(lambda: disk.put(key, kind, payload))
+            self._submit(_DiskPut(disk, key, kind, payload))
 
     def _work(self) -> None:
+        """Run queued jobs; consecutive disk puts to one tier go down as one group commit."""
         while True:
-            job = self._queue.get()
+            jobs = [self._queue.get()]
+            while isinstance(jobs[-1], _DiskPut) and len(jobs) < _MAX_BATCH:
+                try:
+                    jobs.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
-                if job is None:
-                    return
-                job()
-            except Exception:  # a failed disk job must not kill the worker; count it
-                self._count("job_errors")
+                self._run(jobs)
             finally:
-                self._queue.task_done()
+                for _ in jobs:
+                    self._queue.task_done()
+            if jobs[-1] is None:
+                return
+
+    def _run(self, jobs: list[Job]) -> None:
+        batch: list[_DiskPut] = []
+        for job in [*jobs, None]:
+            if isinstance(job, _DiskPut) and (not batch or batch[0].disk is job.disk):
+                batch.append(job)
+                continue
+            if batch:
+                self._guarded(lambda b=batch: b[0].disk.put_many([p.item for p in b]))
+                batch = []
+            if isinstance(job, _DiskPut):
+                batch.append(job)
+            elif job is not None:
+                self._guarded(job)
+
+    def _guarded(self, job: Callable[[], object]) -> None:
+        try:
+            job()
+        except Exception:  # a failed disk job must not kill the worker; count it
+            self._count("job_errors")
+
+
+@dataclass(frozen=True)
+class _DiskPut:
+    """A queued disk write; the worker batches consecutive ones into one `put_many`."""
+
+    disk: DiskTier
+    key: bytes
+    kind: Kind
+    payload: bytes
+
+    @property
+    def item(self) -> tuple[bytes, Kind, bytes]:
+        return self.key, self.kind, self.payload
+
+
+Job = Callable[[], None] | _DiskPut | None
+_MAX_BATCH = 64  # a batch holds the disk tier's lock; bound how long a reader can wait

@@ -1,4 +1,5 @@
-"""A writer process for the crash-safety test: puts entries until it is killed."""
+"""A writer process for the crash-safety test: puts entries (one by one, or in group-committed
+batches) until it is killed."""
 
 import hashlib
 import sys
@@ -18,11 +19,15 @@ def payload_for(key: bytes) -> bytes:
 
 def main() -> None:
     tier = DiskTier(sys.argv[1], IDENTITY, budget_bytes=1 << 40)
-    start = int(sys.argv[2])
+    start, batch = int(sys.argv[2]), int(sys.argv[3])
     print("ready", flush=True)
-    for i in range(start, start + 100_000):
-        key = hashlib.blake2b(i.to_bytes(8, "little"), digest_size=32).digest()
-        tier.put(key, Kind.KV_PAGE, payload_for(key))
+    for i in range(start, start + 100_000, batch):
+        keys = [hashlib.blake2b(j.to_bytes(8, "little"), digest_size=32).digest()
+                for j in range(i, i + batch)]  # fmt: skip
+        if batch == 1:
+            tier.put(keys[0], Kind.KV_PAGE, payload_for(keys[0]))
+        else:
+            tier.put_many([(k, Kind.KV_PAGE, payload_for(k)) for k in keys])
 
 
 if __name__ == "__main__":

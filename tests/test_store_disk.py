@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from store import disk as disk_module
 from store.disk import DiskTier
 from store.entry import HEADER_BYTES, Kind
 from tests.store_writer import IDENTITY, payload_for
@@ -136,7 +137,8 @@ def test_a_writer_killed_at_random_never_leaves_a_wrong_entry(tmp_path):
     interrupted_writes = 0
     for attempt in range(20):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.store_writer", str(tmp_path), str(attempt * 100_000)],
+            [sys.executable, "-m", "tests.store_writer", str(tmp_path), str(attempt * 100_000),
+             str(1 if attempt % 2 else 8)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert proc.stdout.readline().strip() == "ready"
@@ -153,3 +155,49 @@ def test_a_writer_killed_at_random_never_leaves_a_wrong_entry(tmp_path):
         interrupted_writes += tier.counters["incomplete_removed"]
     assert seen_entries > 20  # the writer did get entries in before being killed
     assert interrupted_writes > 0  # and some kills landed mid-write
+
+
+def test_put_many_group_commits_a_batch(tmp_path, monkeypatch):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    barriers = []
+    real_barrier = disk_module._barrier
+    monkeypatch.setattr(disk_module, "_barrier", lambda r, p: (barriers.append(len(p)),
+                                                              real_barrier(r, p)))  # fmt: skip
+    items = [(key(i), Kind.KV_PAGE, payload_for(key(i))) for i in range(10)]
+    items.append(items[3])  # a duplicate inside the batch is stored once
+    assert tier.put_many(items) == [True] * 11
+    assert barriers[0] == 10 and len(barriers) == 2  # two barriers for the whole batch
+    assert tier.counters["group_commits"] == 1 and tier.counters["puts"] == 10
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert all(again.get(k, kind) == p for k, kind, p in items)
+
+
+def test_put_many_that_fails_leaves_nothing(tmp_path, monkeypatch):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert tier.put(key(100), Kind.KV_PAGE, b"kept")
+    real_replace, renamed = os.replace, []
+
+    def failing_replace(src, dst):
+        if renamed:
+            raise OSError("injected: disk gone")
+        renamed.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(disk_module.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="injected"):
+        tier.put_many([(key(i), Kind.KV_PAGE, payload_for(key(i))) for i in range(5)])
+    monkeypatch.setattr(disk_module.os, "replace", real_replace)
+    assert [k for k, _ in tier.entries()] == [key(100)]
+    assert tier.used_bytes == os.path.getsize(files_under(str(tmp_path / "entries"))[0])
+    assert os.listdir(tmp_path / "tmp") == [] and len(files_under(str(tmp_path))) == 1
+    assert tier.get(key(100), Kind.KV_PAGE) == b"kept"
+
+
+def test_put_many_refuses_what_does_not_fit_and_keeps_the_rest(tmp_path):
+    small = payload_for(key(0))[:1000]
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=3 * (HEADER_BYTES + 1000))
+    items = [(key(i), Kind.KV_PAGE, small) for i in range(2)]
+    items.insert(1, (key(9), Kind.KV_PAGE, b"x" * 10_000))  # bigger than the whole budget
+    assert tier.put_many(items) == [True, False, True]
+    assert tier.counters["refused"] == 1
+    assert tier.get(key(1), Kind.KV_PAGE) == small

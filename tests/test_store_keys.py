@@ -79,3 +79,19 @@ def test_entry_names_and_bad_ids():
         page_keys(key, [-1] * 16, 16)
     with pytest.raises(ValueError, match="page_size"):
         identity(page_size=0)
+
+
+def test_key_chains_hash_each_page_once_while_a_sequence_grows():
+    from store.bridge import KeyChains
+
+    root = root_key(ModelIdentity.create({"m": 1}, "w", "float32", 4))
+    tokens = list(range(4 * 40))
+    chains = KeyChains(root, 4)
+    for pages in range(1, 41):  # publish page by page, as a generating request does
+        got = chains.keys(tokens, pages, resume=pages - 1)
+        assert got == page_keys(root, tokens[: 4 * pages], 4)
+    assert chains.hashed_pages == 40  # not 1 + 2 + ... + 40
+    assert chains.keys(tokens, 40, resume=40) == page_keys(root, tokens, 4)
+    assert chains.hashed_pages == 40  # an exact repeat is a hit
+    with pytest.raises(ValueError, match="uint32"):
+        chains.keys([-1] * 4, 1, resume=0)
