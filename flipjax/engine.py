@@ -248,6 +248,13 @@ class Engine:
             finished += self._sample(logits, list(plan.decode))
         return [self._finish(s) for s in finished]
 
+    def generated(self, request_id: str) -> list[int]:
+        """The token ids an in-flight request has generated so far (for streaming)."""
+        seq = self._requests.get(request_id)
+        if seq is None:
+            raise KeyError(f"request_id: {request_id!r} is not in flight")
+        return list(seq.output_ids)
+
     def abort(self, request_id: str) -> Output:
         """Stop a request now and free its pages and slot."""
         seq = self._requests.get(request_id)

@@ -1,4 +1,8 @@
-"""`python -m flipjax.serve` answers on loopback with real HTTP, checked with the openai client."""
+"""`python -m flipjax.serve` answers on loopback with real HTTP, checked with the openai client.
+
+The server runs the tiny model as an uneven pipeline with tensor parallel armed, so streams,
+concurrency and a phase flip under load are all checked against the offline engine.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -26,9 +31,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server():
     port = _free_port()
-    env = {**os.environ, "XLA_FLAGS": "", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the test session's 8 virtual devices
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flipjax.serve", "--model", "tiny", "--port", str(port)],
+        [sys.executable, "-m", "flipjax.serve", "--model", "tiny", "--port", str(port),
+         "--layout", "pp:5,3", "--arm", "tp:2"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -82,7 +88,6 @@ def test_completion_matches_offline_engine(client):
         (dict(model="tiny", prompt="x", top_p=0), "top_p"),
         (dict(model="tiny", prompt="x", max_tokens=5000), "max_tokens"),
         (dict(model="tiny", prompt="x", bogus=1), "bogus"),
-        (dict(model="tiny", prompt="x", stream=True), "stream"),
     ],
 )
 def test_bad_requests_name_the_field(server, kwargs, param):
@@ -106,3 +111,63 @@ def test_seeded_sampling_over_http_matches_offline(client):
     resp = client.completions.create(model="tiny", prompt="Hello", **kwargs)
     want = Engine.from_pretrained("tiny").generate(["Hello"], sampling=SamplingParams(**kwargs))[0]
     assert resp.choices[0].model_extra["token_ids"] == want.token_ids
+
+
+PROMPTS = [f"stream {i}: " + "x" * (3 * i) for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def offline() -> dict[str, str]:
+    """Greedy texts of PROMPTS from a single-device offline engine: the reference."""
+    outs = Engine.from_pretrained("tiny").generate(PROMPTS, max_new_tokens=24)
+    return {p: o.text for p, o in zip(PROMPTS, outs, strict=True)}
+
+
+def stream_text(client, prompt: str, first_chunk: threading.Event | None = None) -> str:
+    stream = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True
+    )
+    parts, finish = [], None
+    for chunk in stream:
+        parts.append(chunk.choices[0].text)
+        finish = chunk.choices[0].finish_reason or finish
+        if first_chunk is not None:
+            first_chunk.set()
+    assert finish in ("stop", "length")
+    return "".join(parts)
+
+
+def test_streaming_equals_offline(client, offline):
+    assert stream_text(client, PROMPTS[3]) == offline[PROMPTS[3]]
+
+
+def test_flip_under_load_keeps_every_stream_identical(server, client, offline):
+    results: dict[str, str] = {}
+    started = threading.Event()
+
+    def run(prompt: str) -> None:
+        results[prompt] = stream_text(client, prompt, started)
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    assert started.wait(120)
+    r = httpx.post(f"{server}/phase_flip", json={"to": "tp:2"}, timeout=120)
+    assert r.status_code == 200, r.text
+    for t in threads:
+        t.join(180)
+    assert results == offline
+    phase = httpx.get(f"{server}/phase", timeout=30).json()
+    assert phase["layout"] == "tp:2" and phase["generation"] == 1
+    assert phase["last_flip"]["direction"] == "pp:5,3->tp:2"
+    assert phase["last_flip"]["weights_bytes"] > 0
+
+
+def test_phase_flip_refuses_a_layout_the_model_cannot_take(server):
+    before = httpx.get(f"{server}/phase", timeout=30).json()
+    r = httpx.post(f"{server}/phase_flip", json={"to": "pp:1,1"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "to"
+    assert "sum to 2" in r.json()["error"]["message"]
+    r = httpx.post(f"{server}/phase_flip", json={"layout": "tp"}, timeout=60)
+    assert r.status_code == 400
+    assert httpx.get(f"{server}/phase", timeout=30).json() == before

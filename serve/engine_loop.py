@@ -1,0 +1,145 @@
+"""The engine loop: one thread owns the engine and steps it for every HTTP request at once.
+
+Requests from any thread are queued as commands; the loop admits them, runs `engine.step()`
+while there is work (continuous batching across clients), and after each step pushes every
+request's new tokens to its subscriber. Aborts and layout flips are commands too, so a flip
+happens between two steps (the step is quiesced by construction) and requests in flight carry
+over. A failing step fails the requests it ran, with the error, and the loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from flipjax.engine import Engine, Output
+from flipjax.sampling import SamplingParams
+
+log = logging.getLogger("flipjax.serve")
+
+
+@dataclass
+class Update:
+    """What a subscriber learns after a step: the tokens generated so far, or the end."""
+
+    token_ids: list[int]
+    output: Output | None = None  # set once, when the request finished
+    error: str | None = None  # set when the request failed inside the engine
+
+
+@dataclass
+class _Request:
+    prompt: str | list[int]
+    params: SamplingParams
+    notify: Callable[[Update], None]
+    admitted: Future[str] = field(default_factory=Future)  # the id, or the refusal
+    request_id: str | None = None
+    sent: int = 0
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._live: dict[str, _Request] = {}
+        self._stop = threading.Event()
+        self.steps = 0
+        self.step_errors = 0
+        self._thread = threading.Thread(target=self._run, name="flipjax-engine", daemon=True)
+        self._thread.start()
+
+    # -- called from any thread -----------------------------------------------------------------
+
+    def submit(
+        self, prompt: str | list[int], params: SamplingParams, notify: Callable[[Update], None]
+    ) -> str:
+        """Queue a request; returns its id once admitted. Bad input raises ValueError."""
+        req = _Request(prompt, params, notify)
+        self._commands.put(lambda: self._admit(req))
+        return req.admitted.result()
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(lambda: self._abort(request_id))
+
+    def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """Run `fn(engine)` on the loop thread between steps (a flip, a stats read)."""
+        done: Future[Any] = Future()
+
+        def command() -> None:
+            try:
+                done.set_result(fn(self.engine))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                done.set_exception(err)
+
+        self._commands.put(command)
+        return done.result()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._commands.put(lambda: None)
+        self._thread.join(timeout=30)
+
+    # -- the loop thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            busy = self.engine.has_unfinished()
+            try:
+                command = self._commands.get(block=not busy, timeout=None)
+            except queue.Empty:
+                command = None
+            while command is not None:
+                command()
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if self.engine.has_unfinished():
+                self._step()
+
+    def _admit(self, req: _Request) -> None:
+        try:
+            rid = self.engine.add_request(req.prompt, req.params)
+        except ValueError as err:
+            req.admitted.set_exception(err)
+            return
+        req.request_id = rid
+        self._live[rid] = req
+        req.admitted.set_result(rid)
+
+    def _abort(self, request_id: str) -> None:
+        req = self._live.pop(request_id, None)
+        if req is not None:
+            out = self.engine.abort(request_id)
+            req.notify(Update(out.token_ids, output=out))
+
+    def _step(self) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as err:  # noqa: BLE001 - one bad step must not take the server down
+            self.step_errors += 1
+            log.error("engine step failed: %s", "".join(traceback.format_exception(err)))
+            for rid, req in list(self._live.items()):
+                self._live.pop(rid)
+                try:
+                    self.engine.abort(rid)
+                except KeyError:
+                    pass
+                req.notify(Update([], error=f"internal error: {err}"))
+            return
+        self.steps += 1
+        for out in finished:
+            req = self._live.pop(out.request_id, None)
+            if req is not None:
+                req.notify(Update(out.token_ids, output=out))
+        for rid, req in self._live.items():
+            ids = self.engine.generated(rid)
+            if len(ids) > req.sent:
+                req.sent = len(ids)
+                req.notify(Update(ids))
