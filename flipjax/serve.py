@@ -18,6 +18,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...]")
     p.add_argument("--arm", action="append", default=[], metavar="LAYOUT",
                    help="compile a layout's programs at start, so a flip to it compiles nothing")
+    p.add_argument("--api-key", default=None, help="Bearer key the inference routes require")
     p.add_argument("--admin-api-key", default=None,
                    help="Bearer key for phase routes (without one they answer on loopback only)")
     p.add_argument("--host", default="127.0.0.1")
@@ -47,7 +48,10 @@ def main(argv: list[str] | None = None) -> None:
     for layout in args.arm:
         engine.arm(layout)
         log.info("armed layout %s", layout)
-    app = create_app(engine, host=args.host, admin_key=args.admin_api_key)
+    from serve.chat import load_template
+
+    template = load_template(None if args.model == "tiny" else args.model)
+    app = create_app(engine, args.host, args.api_key, args.admin_api_key, template)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

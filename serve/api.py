@@ -1,262 +1,262 @@
 """The OpenAI-compatible HTTP API, over one engine loop that batches every client together.
 
-Served today: `GET /health`, `GET /v1/models`, `POST /v1/completions` (streaming as server-sent
-events, or not, with the usual sampling fields and `usage.prompt_tokens_details.cached_tokens`),
-and phase control: `GET /phase` and `POST /phase_flip {"to": layout}`, which flips between two
-engine steps while requests in flight carry over. Bad input gets a 4xx in the OpenAI error
-shape naming the field. The engine runs on its own thread (`serve.engine_loop`), so a long
-generation never blocks the event loop.
+Routes: `GET /health`; `GET /v1/models`; `POST /v1/completions` and `POST /v1/chat/completions`
+(streamed as server-sent events or not, with the usual sampling fields and
+`usage.prompt_tokens_details.cached_tokens`); `POST /generate` (token ids in and out);
+`GET /metrics` (Prometheus); and the admin routes `GET /phase`, `POST /phase_flip {"to": ...}`
+(a flip between two engine steps; requests in flight carry over) and `POST /abort_request`.
+`--api-key` guards the inference routes; `--admin-api-key` guards the admin routes, which
+without a key answer only when the server is bound to loopback. Bad input gets a 4xx in the
+OpenAI error shape naming the field; an engine failure fails its requests with a 500 and the
+server keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
-import json
 import socket
 import time
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from flipjax.engine import Engine, Output
 from flipjax.sampling import SamplingParams
 from flipjax.tiny import TINY_DESCRIPTION, TINY_NAME
+from serve.chat import DEFAULT_TEMPLATE, ChatTemplate
 from serve.detokenize import IncrementalText
 from serve.engine_loop import EngineLoop, Update
+from serve.metrics import Metrics
+from serve.protocol import (
+    AbortRequest,
+    ChatRequest,
+    CompletionRequest,
+    FlipRequest,
+    GenerateRequest,
+    bad_request,
+    error,
+    parse,
+    usage,
+)
+from serve.streaming import ChunkBuilder, collect, stream
+
+Submitted = tuple[str, asyncio.Queue[Update]]
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    prompt: str | list[int]
-    max_tokens: int = Field(default=16, gt=0)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    stream: bool = False
-    user: str | None = None
-
-    def sampling_params(self) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, min_p=self.min_p, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            seed=self.seed, stop=stop, stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos,
-        )  # fmt: skip
-
-
-def _error(status: int, message: str, param: str | None, kind: str) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return JSONResponse(status_code=status, content=body)
-
-
-def _bad_request(message: str, param: str | None) -> JSONResponse:
-    return _error(400, message, param, "invalid_request_error")
-
-
-def create_app(engine: Engine, host: str = "127.0.0.1", admin_key: str | None = None) -> FastAPI:
-    """The app over `engine`, driven by one `EngineLoop`. Admin routes (phase control) need
-    `admin_key` as a Bearer token, or, with no key, a server bound to a loopback address."""
+def create_app(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+    admin_key: str | None = None,
+    chat_template: str = DEFAULT_TEMPLATE,
+) -> FastAPI:
     app = FastAPI(title="flipjax")
     loop = EngineLoop(engine)
+    metrics = Metrics()
+    template = ChatTemplate(chat_template)
     app.state.loop = loop
     app.router.on_shutdown.append(loop.close)
     created = int(time.time())
+    loopback = ipaddress.ip_address(_resolve(host)).is_loopback
 
-    def admin_refusal(request: Request) -> JSONResponse | None:
-        if admin_key is not None:
-            if request.headers.get("authorization") != f"Bearer {admin_key}":
-                return _error(401, "admin route: missing or wrong admin API key", None,
-                              "authentication_error")  # fmt: skip
+    def refusal(request: Request, admin: bool) -> JSONResponse | None:
+        key = admin_key if admin else api_key
+        if key is not None:
+            if request.headers.get("authorization") != f"Bearer {key}":
+                what = "admin API key" if admin else "API key"
+                return error(401, f"missing or wrong {what}", None, "authentication_error")
             return None
-        if not ipaddress.ip_address(_resolve(host)).is_loopback:
-            return _error(403, "admin route: set --admin-api-key to use it off loopback", None,
-                          "permission_error")  # fmt: skip
+        if admin and not loopback:
+            return error(403, "admin routes need --admin-api-key off loopback", None,
+                         "permission_error")  # fmt: skip
         return None
+
+    async def submit(prompt: str | list[int], params: SamplingParams) -> Submitted | JSONResponse:
+        updates: asyncio.Queue[Update] = asyncio.Queue()
+        aio = asyncio.get_running_loop()
+        try:
+            rid = await asyncio.to_thread(
+                loop.submit, prompt, params,
+                lambda u: aio.call_soon_threadsafe(updates.put_nowait, u),
+            )  # fmt: skip
+        except ValueError as e:
+            return bad_request(str(e), str(e).split(":", 1)[0])
+        return rid, updates
+
+    async def respond(
+        submitted: Submitted, params: SamplingParams, streamed: bool, build: ChunkBuilder,
+        body: Any,
+    ) -> Response:  # fmt: skip
+        rid, updates = submitted
+        if streamed:
+            text = IncrementalText(engine.tokenizer, params.stop)
+            events = stream(loop, rid, updates, text, build, metrics.request_finished)
+            return StreamingResponse(events, media_type="text/event-stream")
+        update = await collect(updates)
+        if update.error is not None:
+            return error(500, update.error, None, "internal_error")
+        metrics.request_finished(update.output)
+        return JSONResponse(body(update.output))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(request: Request) -> Any:
+        if (refused := refusal(request, admin=False)) is not None:
+            return refused
         card: dict[str, Any] = {
-            "id": engine.name,
-            "object": "model",
-            "created": created,
-            "owned_by": "flipjax",
+            "id": engine.name, "object": "model", "created": created, "owned_by": "flipjax",
             "max_model_len": engine.max_model_len,
-        }
+        }  # fmt: skip
         if engine.name == TINY_NAME:
             card["description"] = TINY_DESCRIPTION
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(request: Request) -> JSONResponse | StreamingResponse:
-        req = await _parse(request, CompletionRequest)
+    async def completions(request: Request) -> Response:
+        if (refused := refusal(request, admin=False)) is not None:
+            return refused
+        req = await parse(request, CompletionRequest)
         if isinstance(req, JSONResponse):
             return req
         if req.model != engine.name:
-            return _error(404, f"model: {req.model!r} is not served here", "model", "not_found")
-        updates: asyncio.Queue[Update] = asyncio.Queue()
-        aio = asyncio.get_running_loop()
-        try:
-            rid = await asyncio.to_thread(
-                loop.submit, req.prompt, req.sampling_params(),
-                lambda u: aio.call_soon_threadsafe(updates.put_nowait, u),
-            )  # fmt: skip
-        except ValueError as e:
-            return _bad_request(str(e), str(e).split(":", 1)[0])
-        cid = f"cmpl-{uuid.uuid4().hex}"
-        if req.stream:
-            text = IncrementalText(engine.tokenizer, req.sampling_params().stop)
-            return StreamingResponse(
-                _stream(loop, rid, updates, text, cid, engine.name), media_type="text/event-stream"
-            )
-        while (update := await updates.get()).output is None and update.error is None:
-            pass
-        if update.error is not None:
-            return _error(500, update.error, None, "internal_error")
-        out = update.output
-        return JSONResponse(
-            {
-                "id": cid,
-                "object": "text_completion",
-                "created": int(time.time()),
+            return error(404, f"model: {req.model!r} is not served here", "model", "not_found")
+        params = req.sampling_params()
+        submitted = await submit(req.prompt, params)
+        if isinstance(submitted, JSONResponse):
+            return submitted
+        cid = f"cmpl-{submitted[0]}"
+
+        def chunk(delta: str, finish: str | None, use: dict[str, Any] | None) -> dict[str, Any]:
+            body: dict[str, Any] = {
+                "id": cid, "object": "text_completion", "created": int(time.time()),
                 "model": engine.name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "text": out.text,
-                        "token_ids": out.token_ids,
-                        "logprobs": None,
-                        "finish_reason": out.finish_reason,
-                    }
-                ],
-                "usage": _usage(out),
-            }
-        )
+                "choices": [{"index": 0, "text": delta, "logprobs": None,
+                             "finish_reason": finish}],
+            }  # fmt: skip
+            return body if use is None else {**body, "usage": use}
+
+        def body(out: Output) -> dict[str, Any]:
+            full = chunk(out.text, out.finish_reason, usage(out))
+            full["choices"][0]["token_ids"] = out.token_ids
+            return full
+
+        return await respond(submitted, params, req.stream, chunk, body)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        if (refused := refusal(request, admin=False)) is not None:
+            return refused
+        req = await parse(request, ChatRequest)
+        if isinstance(req, JSONResponse):
+            return req
+        if req.model != engine.name:
+            return error(404, f"model: {req.model!r} is not served here", "model", "not_found")
+        try:
+            prompt = template.render([m.model_dump() for m in req.messages])
+        except Exception as e:  # noqa: BLE001 - a template error is the request's problem
+            return bad_request(f"messages: the chat template failed: {e}", "messages")
+        params = req.sampling_params()
+        submitted = await submit(prompt, params)
+        if isinstance(submitted, JSONResponse):
+            return submitted
+        cid = f"chatcmpl-{submitted[0]}"
+        first = [True]
+
+        def chunk(delta: str, finish: str | None, use: dict[str, Any] | None) -> dict[str, Any]:
+            message: dict[str, Any] = {"content": delta}
+            if first[0]:
+                message["role"] = "assistant"
+                first[0] = False
+            body: dict[str, Any] = {
+                "id": cid, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": engine.name,
+                "choices": [{"index": 0, "delta": message, "finish_reason": finish}],
+            }  # fmt: skip
+            return body if use is None else {**body, "usage": use}
+
+        def body(out: Output) -> dict[str, Any]:
+            return {
+                "id": cid, "object": "chat.completion", "created": int(time.time()),
+                "model": engine.name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
+                             "finish_reason": out.finish_reason}],
+                "usage": usage(out),
+            }  # fmt: skip
+
+        return await respond(submitted, params, req.stream, chunk, body)
+
+    @app.post("/generate", response_model=None)
+    async def generate(request: Request) -> Response:
+        if (refused := refusal(request, admin=False)) is not None:
+            return refused
+        req = await parse(request, GenerateRequest)
+        if isinstance(req, JSONResponse):
+            return req
+        if req.stream:
+            return bad_request("stream: /generate answers once; use /v1/completions", "stream")
+        params = req.sampling_params()
+        submitted = await submit(req.input_ids, params)
+        if isinstance(submitted, JSONResponse):
+            return submitted
+
+        def body(out: Output) -> dict[str, Any]:
+            return {"request_id": out.request_id, "output_ids": out.token_ids, "text": out.text,
+                    "finish_reason": out.finish_reason, "usage": usage(out)}  # fmt: skip
+
+        return await respond(submitted, params, False, lambda *a: {}, body)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        await asyncio.to_thread(loop.call, metrics.read_engine)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/phase")
-    async def phase(request: Request) -> JSONResponse:
-        if (refusal := admin_refusal(request)) is not None:
-            return refusal
+    async def phase(request: Request) -> Response:
+        if (refused := refusal(request, admin=True)) is not None:
+            return refused
         return JSONResponse(await asyncio.to_thread(loop.call, _phase))
 
     @app.post("/phase_flip")
-    async def phase_flip(request: Request) -> JSONResponse:
-        if (refusal := admin_refusal(request)) is not None:
-            return refusal
-        req = await _parse(request, FlipRequest)
+    async def phase_flip(request: Request) -> Response:
+        if (refused := refusal(request, admin=True)) is not None:
+            return refused
+        req = await parse(request, FlipRequest)
         if isinstance(req, JSONResponse):
             return req
         try:
             await asyncio.to_thread(loop.call, lambda e: e.flip(req.to))
         except ValueError as e:  # LayoutError: the layout cannot hold this model here
-            return _bad_request(f"to: {e}", "to")
+            return bad_request(f"to: {e}", "to")
         except RuntimeError as e:  # FlipError: failed before the swap; the old layout serves
-            return _error(500, str(e), "to", "internal_error")
+            return error(500, str(e), "to", "internal_error")
         return JSONResponse(await asyncio.to_thread(loop.call, _phase))
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        if (refused := refusal(request, admin=True)) is not None:
+            return refused
+        req = await parse(request, AbortRequest)
+        if isinstance(req, JSONResponse):
+            return req
+        rid = req.request_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
+        if not await asyncio.to_thread(loop.cancel, rid):
+            return error(404, f"request_id: {req.request_id!r} is not in flight", "request_id",
+                         "not_found")  # fmt: skip
+        return JSONResponse({"aborted": req.request_id})
 
     return app
 
 
-class FlipRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    to: str
-
-
-async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    """The validated body, or the 400 that names what is wrong with it."""
-    try:
-        body = await request.json()
-    except ValueError:
-        return _bad_request("request body is not valid JSON", None)
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or None
-        return _bad_request(f"{field}: {first['msg']}", field)
-
-
 def _phase(engine: Engine) -> dict[str, Any]:
     flips = engine.runner.flips
-    return {
-        "layout": engine.layout,
-        "generation": engine.runner.generation,
-        "last_flip": None if not flips else {**asdict(flips[-1]), "direction": flips[-1].direction},
-    }
-
-
-def _usage(out: Output) -> dict[str, Any]:
-    return {
-        "prompt_tokens": len(out.prompt_token_ids),
-        "completion_tokens": len(out.token_ids),
-        "total_tokens": len(out.prompt_token_ids) + len(out.token_ids),
-        "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
-    }
-
-
-async def _stream(
-    loop: EngineLoop,
-    rid: str,
-    updates: asyncio.Queue[Update],
-    text: IncrementalText,
-    cid: str,
-    model: str,
-) -> AsyncIterator[str]:
-    """Server-sent events: one chunk per step that released text, a final chunk with the finish
-    reason and usage, then [DONE]. A client that goes away aborts the request at once."""
-
-    def chunk(delta: str, finish: str | None, usage: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}],
-        }  # fmt: skip
-        if usage is not None:
-            body["usage"] = usage
-        return f"data: {json.dumps(body)}\n\n"
-
-    finished = False
-    try:
-        while True:
-            update = await updates.get()
-            if update.error is not None:
-                finished = True
-                error = {"message": update.error, "type": "internal_error", "code": 500}
-                yield f"data: {json.dumps({'error': error})}\n\n"
-                break
-            if update.output is not None:
-                finished = True
-                out = update.output
-                yield chunk(text.finish(out.text), out.finish_reason, _usage(out))
-                break
-            delta = text.update(update.token_ids)
-            if delta:
-                yield chunk(delta, None)
-        yield "data: [DONE]\n\n"
-    finally:
-        if not finished:
-            loop.abort(rid)
+    last = None if not flips else {**asdict(flips[-1]), "direction": flips[-1].direction}
+    return {"layout": engine.layout, "generation": engine.runner.generation, "last_flip": last}
 
 
 def _resolve(host: str) -> str:

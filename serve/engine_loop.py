@@ -65,7 +65,12 @@ class EngineLoop:
         return req.admitted.result()
 
     def abort(self, request_id: str) -> None:
+        """Abort soon, without waiting (a client went away)."""
         self._commands.put(lambda: self._abort(request_id))
+
+    def cancel(self, request_id: str) -> bool:
+        """Abort now; False if no such request is in flight."""
+        return self.call(lambda _: self._abort(request_id))
 
     def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run `fn(engine)` on the loop thread between steps (a flip, a stats read)."""
@@ -113,11 +118,13 @@ class EngineLoop:
         self._live[rid] = req
         req.admitted.set_result(rid)
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str) -> bool:
         req = self._live.pop(request_id, None)
-        if req is not None:
-            out = self.engine.abort(request_id)
-            req.notify(Update(out.token_ids, output=out))
+        if req is None:
+            return False
+        out = self.engine.abort(request_id)
+        req.notify(Update(out.token_ids, output=out))
+        return True
 
     def _step(self) -> None:
         try:

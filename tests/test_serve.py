@@ -28,33 +28,50 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(log, *flags: str) -> tuple[subprocess.Popen, str]:
+    """A server subprocess on a free loopback port, logging to `log` (a file, never a pipe
+    nobody reads, which would block the server once full), healthy when this returns."""
     port = _free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the test session's 8 virtual devices
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flipjax.serve", "--model", "tiny", "--port", str(port),
-         "--layout", "pp:5,3", "--arm", "tp:2"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "flipjax.serve", "--port", str(port), *flags],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log,
+        stderr=subprocess.STDOUT,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{proc.stdout.read()}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("server did not become healthy in 180 s")
-            time.sleep(0.5)
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        wait_healthy(proc, base, log.name)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, base
+
+
+def wait_healthy(proc: subprocess.Popen, base: str, log_path: str) -> None:
+    deadline = time.monotonic() + 180
+    while True:
+        if proc.poll() is not None:
+            with open(log_path) as f:
+                raise RuntimeError(f"server exited early:\n{f.read()}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("server did not become healthy in 180 s")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """Uses the test session's 8 virtual devices (XLA_FLAGS is inherited)."""
+    with open(tmp_path_factory.mktemp("server") / "log.txt", "w") as log:
+        proc, base = start_server(log, "--model", "tiny", "--layout", "pp:5,3", "--arm", "tp:2")
+        try:
+            yield base
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -171,3 +188,90 @@ def test_phase_flip_refuses_a_layout_the_model_cannot_take(server):
     r = httpx.post(f"{server}/phase_flip", json={"layout": "tp"}, timeout=60)
     assert r.status_code == 400
     assert httpx.get(f"{server}/phase", timeout=30).json() == before
+
+
+def metric(server: str, name: str) -> float:
+    """The value of one sample line in /metrics (0 if absent)."""
+    text = httpx.get(f"{server}/metrics", timeout=30).text
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_chat_completions_render_the_template(client):
+    from serve.chat import DEFAULT_TEMPLATE, ChatTemplate
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    prompt = ChatTemplate(DEFAULT_TEMPLATE).render(messages)
+    assert prompt == "system: be brief\nuser: hi\nassistant: "
+    want = Engine.from_pretrained("tiny").generate([prompt], max_new_tokens=12)[0]
+    resp = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                          temperature=0)  # fmt: skip
+    assert resp.choices[0].message.content == want.text
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.usage.prompt_tokens == len(prompt.encode())
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                                 temperature=0, stream=True))  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.text
+
+
+def test_generate_takes_and_returns_token_ids(server):
+    want = Engine.from_pretrained("tiny").generate([[72, 105, 33]], max_new_tokens=5)[0]
+    r = httpx.post(f"{server}/generate", json={"input_ids": [72, 105, 33], "max_tokens": 5,
+                                               "temperature": 0}, timeout=120)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == want.token_ids
+    r = httpx.post(f"{server}/generate", json={"input_ids": [], "max_tokens": 5}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids"
+
+
+def test_abort_and_disconnect_free_pages_and_slots(server, client):
+    stream = client.completions.create(model="tiny", prompt="abort me", max_tokens=400,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    first = next(iter(stream))
+    r = httpx.post(f"{server}/abort_request", json={"request_id": first.id}, timeout=30)
+    assert r.status_code == 200, r.text
+    finishes = [c.choices[0].finish_reason for c in stream]
+    assert finishes[-1] == "abort"
+    r = httpx.post(f"{server}/abort_request", json={"request_id": first.id}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "request_id"
+
+    with httpx.stream("POST", f"{server}/v1/completions", timeout=60, json={
+        "model": "tiny", "prompt": "go away", "max_tokens": 3000, "temperature": 0,
+        "stream": True, "ignore_eos": True,
+    }) as r:  # fmt: skip
+        next(r.iter_lines())  # one event, then the client hangs up
+    deadline = time.monotonic() + 30
+    while metric(server, "flipjax:kv_pages_used") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(server, "flipjax:kv_pages_used") == 0
+    assert metric(server, "flipjax:gdn_slots_used") == 0
+    assert metric(server, 'flipjax:request_success_total{finish_reason="abort"}') >= 1
+
+
+def test_metrics_show_traffic_and_the_flip(server):
+    assert metric(server, "flipjax:generation_tokens_total") > 0
+    assert metric(server, "flipjax:prompt_tokens_total") > 0
+    assert metric(server, 'flipjax:flips_total{direction="pp:5,3->tp:2"}') == 1
+    assert metric(server, 'flipjax:layout{layout="tp:2"}') == 1
+    assert metric(server, "flipjax:time_to_first_token_seconds_count") > 0
+
+
+def test_keys_guard_the_routes(tmp_path):
+    with open(tmp_path / "log.txt", "w") as log:
+        proc, base = start_server(log, "--api-key", "user-k", "--admin-api-key", "admin-k")
+    try:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        assert httpx.post(f"{base}/v1/completions", json=body, timeout=60).status_code == 401
+        user = {"authorization": "Bearer user-k"}
+        admin = {"authorization": "Bearer admin-k"}
+        r = httpx.post(f"{base}/v1/completions", json=body, headers=user, timeout=120)
+        assert r.status_code == 200
+        assert httpx.get(f"{base}/phase", headers=user, timeout=30).status_code == 401
+        r = httpx.get(f"{base}/phase", headers=admin, timeout=30)
+        assert r.status_code == 200 and r.json()["layout"] == "single"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,79 @@
+"""Prometheus metrics, names prefixed `flipjax:`. One registry per app.
+
+Request metrics are recorded as requests finish; engine state (queues, pools, layout, flips)
+is read at scrape time on the engine loop thread, so a scrape sees one consistent step
+boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from flipjax.engine import Engine, Output
+
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.running = Gauge("flipjax:num_requests_running", "Requests running", registry=r)
+        self.waiting = Gauge("flipjax:num_requests_waiting", "Requests waiting", registry=r)
+        self.prompt_tokens = Counter("flipjax:prompt_tokens", "Prompt tokens", registry=r)
+        self.generation_tokens = Counter(
+            "flipjax:generation_tokens", "Generated tokens", registry=r
+        )
+        self.ttft = Histogram(
+            "flipjax:time_to_first_token_seconds", "Time to first token", buckets=_LATENCY,
+            registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "flipjax:inter_token_latency_seconds", "Mean time between output tokens",
+            buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "flipjax:e2e_request_latency_seconds", "End-to-end latency", buckets=_LATENCY,
+            registry=r,
+        )  # fmt: skip
+        self.finished = Counter(
+            "flipjax:request_success", "Finished requests", ["finish_reason"], registry=r
+        )
+        self.kv_pages = Gauge("flipjax:kv_pages_used", "KV pages in use", registry=r)
+        self.gdn_slots = Gauge("flipjax:gdn_slots_used", "GDN state slots in use", registry=r)
+        self.retractions = Gauge(
+            "flipjax:retractions", "Requests retracted when pages ran short (total)", registry=r
+        )
+        self.flips = Counter("flipjax:flips", "Layout flips", ["direction"], registry=r)
+        self.flip_seconds = Counter("flipjax:flip_seconds", "Time spent flipping", registry=r)
+        self.layout = Gauge("flipjax:layout", "The current layout (1)", ["layout"], registry=r)
+        self._flips_seen = 0
+
+    def request_finished(self, out: Output) -> None:
+        self.prompt_tokens.inc(len(out.prompt_token_ids))
+        self.generation_tokens.inc(len(out.token_ids))
+        self.finished.labels(out.finish_reason).inc()
+        self.e2e.observe(out.e2e_s)
+        if out.ttft_s is not None:
+            self.ttft.observe(out.ttft_s)
+            if len(out.token_ids) > 1:
+                self.itl.observe((out.e2e_s - out.ttft_s) / (len(out.token_ids) - 1))
+
+    def read_engine(self, engine: Engine) -> None:
+        """Refresh the engine-state metrics; call on the engine loop thread."""
+        self.running.set(len(engine.scheduler.running))
+        self.waiting.set(len(engine.scheduler.waiting))
+        self.kv_pages.set(engine.pages.total - engine.pages.num_free)
+        self.gdn_slots.set(engine.slots.total - engine.slots.num_free)
+        self.retractions.set(engine.scheduler.counters["retracted"])
+        flips = engine.runner.flips
+        for record in flips[self._flips_seen :]:
+            self.flips.labels(record.direction).inc()
+            self.flip_seconds.inc(record.total_ms / 1e3)
+        self._flips_seen = len(flips)
+        self.layout.clear()
+        self.layout.labels(engine.layout).set(1)
+
+    def render(self) -> Any:
+        return generate_latest(self.registry)
