@@ -123,6 +123,7 @@ class Engine:
         path: str,
         dtype: str | jnp.dtype = "float32",
         layout: str | None = None,
+        prefix_store: PrefixStore | None = None,
         **engine_options: int | None,
     ) -> Engine:
         """`path` is a HF checkpoint folder, an orbax folder written by `python -m flipjax.ckpt
@@ -130,12 +131,14 @@ class Engine:
         untrained model.
 
         `layout` places the state (`tp:2`, `pp:5,3`, ...; see `sharding.layout`); the default
-        is one device. `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
+        is one device. `prefix_store` seeds requests from stored prefixes and receives computed
+        pages. `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
         """
         jdtype = parse_dtype(dtype)
         ec = EngineConfig(**engine_options)
         if path == TINY_NAME:
-            return cls(tiny_model(jdtype), ByteTokenizer(), TINY_NAME, jdtype, ec, layout=layout)
+            model = tiny_model(jdtype)
+            return cls(model, ByteTokenizer(), TINY_NAME, jdtype, ec, prefix_store, layout)
         if not os.path.isdir(path):
             raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
         cfg = ModelConfig.from_hf(path)
@@ -152,7 +155,7 @@ class Engine:
         model = nnx.merge(graphdef, params)
         tokenizer = load_tokenizer(path, cfg.eos_token_id)
         name = os.path.basename(os.path.normpath(path))
-        return cls(model, tokenizer, name, jdtype, ec, layout=layout)
+        return cls(model, tokenizer, name, jdtype, ec, prefix_store, layout)
 
     # -- layout ---------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -21,6 +22,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None, help="Bearer key the inference routes require")
     p.add_argument("--admin-api-key", default=None,
                    help="Bearer key for phase routes (without one they answer on loopback only)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-running-requests", type=int, default=32)
+    p.add_argument("--max-prefill-tokens", type=int, default=2048)
+    p.add_argument("--store-dir", default="~/.cache/flipjax/store",
+                   help="disk tier of the KV store ('none': host RAM only)")
+    p.add_argument("--host-cache-gb", type=float, default=4.0)
+    p.add_argument("--disk-cache-gb", type=float, default=32.0)
+    p.add_argument("--gdn-checkpoint-interval", type=int, default=256,
+                   help="tokens between stored GDN states (a multiple of the page size)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", default="info")
@@ -36,7 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     from serve.api import create_app
 
     log = logging.getLogger("flipjax.serve")
-    engine = Engine.from_pretrained(args.model, dtype=args.dtype, layout=args.layout)
+    bridge, control = _open_store(args, log)
+    engine = Engine.from_pretrained(
+        args.model, dtype=args.dtype, layout=args.layout, prefix_store=bridge,
+        page_size=args.page_size, max_running_requests=args.max_running_requests,
+        max_prefill_tokens=args.max_prefill_tokens,
+    )  # fmt: skip
     cfg = engine.config
     log.info(
         "model %s: %d layers (%d full attention, %d GDN), hidden %d, vocab %d, dtype %s",
@@ -51,8 +66,37 @@ def main(argv: list[str] | None = None) -> None:
     from serve.chat import load_template
 
     template = load_template(None if args.model == "tiny" else args.model)
-    app = create_app(engine, args.host, args.api_key, args.admin_api_key, template)
+    log.info(
+        "pools: %d KV pages of %d tokens, %d GDN slots; at most %d running requests",
+        engine.pages.total, args.page_size, engine.slots.total, args.max_running_requests,
+    )  # fmt: skip
+    app = create_app(engine, args.host, args.api_key, args.admin_api_key, template, control)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any]:
+    """The KV store behind the engine, keyed by the model's config, weights and KV dtype."""
+    from flipjax.config import ModelConfig
+    from flipjax.tiny import TINY_NAME, TINY_SEED, tiny_config
+    from serve.store_routes import StoreControl
+    from store.keys import files_fingerprint
+    from store.open import disk_folder, open_store
+
+    if args.model == TINY_NAME:
+        cfg, weights_id = tiny_config(), f"tiny-seed-{TINY_SEED}"
+    else:
+        cfg, weights_id = ModelConfig.from_hf(args.model), files_fingerprint(args.model)
+    store_dir = None if args.store_dir == "none" else args.store_dir
+    bridge, identity = open_store(
+        cfg, weights_id, args.dtype, args.page_size, args.gdn_checkpoint_interval,
+        int(args.host_cache_gb * 2**30), store_dir, int(args.disk_cache_gb * 2**30),
+    )  # fmt: skip
+    where = "off" if store_dir is None else disk_folder(store_dir, identity)
+    log.info(
+        "store: host %.1f GiB, disk %s (%.1f GiB), GDN state every %d tokens",
+        args.host_cache_gb, where, args.disk_cache_gb, args.gdn_checkpoint_interval,
+    )  # fmt: skip
+    return bridge, StoreControl(identity.digest(), None if store_dir is None else where)
 
 
 if __name__ == "__main__":

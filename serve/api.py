@@ -4,7 +4,8 @@ Routes: `GET /health`; `GET /v1/models`; `POST /v1/completions` and `POST /v1/ch
 (streamed as server-sent events or not, with the usual sampling fields and
 `usage.prompt_tokens_details.cached_tokens`); `POST /generate` (token ids in and out);
 `GET /metrics` (Prometheus); and the admin routes `GET /phase`, `POST /phase_flip {"to": ...}`
-(a flip between two engine steps; requests in flight carry over) and `POST /abort_request`.
+(a flip between two engine steps; requests in flight carry over), `POST /abort_request`, and
+the store's disk-tier control (`serve/store_routes.py`).
 `--api-key` guards the inference routes; `--admin-api-key` guards the admin routes, which
 without a key answer only when the server is bound to loopback. Bad input gets a 4xx in the
 OpenAI error shape naming the field; an engine failure fails its requests with a 500 and the
@@ -41,6 +42,7 @@ from serve.protocol import (
     parse,
     usage,
 )
+from serve.store_routes import StoreControl, add_store_routes
 from serve.streaming import ChunkBuilder, collect, stream
 
 Submitted = tuple[str, asyncio.Queue[Update]]
@@ -52,6 +54,7 @@ def create_app(
     api_key: str | None = None,
     admin_key: str | None = None,
     chat_template: str = DEFAULT_TEMPLATE,
+    store_control: StoreControl | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flipjax")
     loop = EngineLoop(engine)
@@ -250,6 +253,7 @@ def create_app(
                          "not_found")  # fmt: skip
         return JSONResponse({"aborted": req.request_id})
 
+    add_store_routes(app, engine, loop, store_control, lambda r: refusal(r, admin=True))
     return app
 
 

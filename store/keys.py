@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -90,3 +91,21 @@ def page_keys(root: bytes, token_ids: list[int], page_size: int) -> list[bytes]:
 def entry_name(key: bytes, gdn: bool = False) -> str:
     """File-system-safe name of an entry: the key in hex, `.gdn` for a GDN anchor."""
     return key.hex() + (_GDN_SUFFIX if gdn else "")
+
+
+def files_fingerprint(folder: str, sample: int = 1 << 16) -> str:
+    """Fingerprint of a checkpoint folder without loading it: every file's relative path and
+    size, and `sample` bytes from the start, middle and end of each. Stable across processes
+    and machines; any rewritten weight file changes it."""
+    h = hashlib.blake2b(digest_size=16)
+    for dirpath, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            size = os.path.getsize(path)
+            h.update(f"{os.path.relpath(path, folder)}|{size}|".encode())
+            with open(path, "rb") as f:
+                for offset in sorted({0, max(0, size // 2 - sample // 2), max(0, size - sample)}):
+                    f.seek(offset)
+                    h.update(f.read(sample))
+    return h.hexdigest()

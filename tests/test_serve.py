@@ -28,6 +28,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Fewer step shapes to compile (decode up to 16 rows, prefill chunks up to 64 tokens).
+SMALL = ("--max-running-requests", "16", "--max-prefill-tokens", "64")
+
+
 def start_server(log, *flags: str) -> tuple[subprocess.Popen, str]:
     """A server subprocess on a free loopback port, logging to `log` (a file, never a pipe
     nobody reads, which would block the server once full), healthy when this returns."""
@@ -65,8 +69,12 @@ def wait_healthy(proc: subprocess.Popen, base: str, log_path: str) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Uses the test session's 8 virtual devices (XLA_FLAGS is inherited)."""
-    with open(tmp_path_factory.mktemp("server") / "log.txt", "w") as log:
-        proc, base = start_server(log, "--model", "tiny", "--layout", "pp:5,3", "--arm", "tp:2")
+    folder = tmp_path_factory.mktemp("server")
+    with open(folder / "log.txt", "w") as log:
+        proc, base = start_server(
+            log, "--model", "tiny", "--layout", "pp:5,3", "--arm", "tp:2", *SMALL,
+            "--store-dir", str(folder / "store"),
+        )  # fmt: skip
         try:
             yield base
         finally:
@@ -261,7 +269,8 @@ def test_metrics_show_traffic_and_the_flip(server):
 
 def test_keys_guard_the_routes(tmp_path):
     with open(tmp_path / "log.txt", "w") as log:
-        proc, base = start_server(log, "--api-key", "user-k", "--admin-api-key", "admin-k")
+        proc, base = start_server(log, "--api-key", "user-k", "--admin-api-key", "admin-k",
+                                  "--store-dir", "none", *SMALL)  # fmt: skip
     try:
         body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
         assert httpx.post(f"{base}/v1/completions", json=body, timeout=60).status_code == 401

@@ -1,0 +1,42 @@
+"""Opening the store a server runs with: identity, tiers and the engine's bridge in one place.
+
+The disk tier lives in a sub-folder of `store_dir` named by the model identity's digest, so
+several models (or dtypes, or page sizes) can share one store directory without ever reading
+each other's entries (the entry headers check the identity too).
+"""
+
+from __future__ import annotations
+
+import os
+
+from flipjax.config import ModelConfig
+from store.bridge import StoreBridge
+from store.disk import DiskTier
+from store.host import HostTier
+from store.keys import ModelIdentity, root_key
+from store.payload import PayloadLayout
+from store.tiered import TieredStore
+
+
+def disk_folder(store_dir: str, identity: ModelIdentity) -> str:
+    return os.path.join(os.path.expanduser(store_dir), identity.digest().hex()[:32])
+
+
+def open_store(
+    cfg: ModelConfig,
+    weights_id: str,
+    kv_dtype: str,
+    page_size: int,
+    gdn_interval: int,
+    host_bytes: int,
+    store_dir: str | None,
+    disk_bytes: int,
+) -> tuple[StoreBridge, ModelIdentity]:
+    """A tiered store (host, plus disk when `store_dir` is set and `disk_bytes` > 0) behind a
+    bridge the engine can seed from and publish to."""
+    identity = ModelIdentity.create(cfg.to_dict(), weights_id, kv_dtype, page_size)
+    disk = None
+    if store_dir is not None and disk_bytes > 0:
+        disk = DiskTier(disk_folder(store_dir, identity), identity.digest(), disk_bytes)
+    store = TieredStore(root_key(identity), page_size, gdn_interval, HostTier(host_bytes), disk)
+    return StoreBridge(store, PayloadLayout.for_model(cfg, page_size, kv_dtype)), identity

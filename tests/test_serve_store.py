@@ -1,0 +1,62 @@
+"""The server over the KV store: a repeated prompt is served from the host tier, and after a
+restart over the same `--store-dir` from disk, with identical greedy output; the disk tier can
+be resized, detached and attached again while serving."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.test_serve import SMALL, start_server
+
+PROMPT = "".join(chr(97 + (i * 7) % 26) for i in range(90))  # 90 tokens: two 32-token grids
+
+
+def complete(base: str) -> dict:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_store_hits_across_requests_and_a_restart(tmp_path):
+    flags = ("--store-dir", str(tmp_path / "store"), "--gdn-checkpoint-interval", "32", *SMALL)
+    with open(tmp_path / "a.txt", "w") as log:
+        proc, base = start_server(log, *flags)
+    try:
+        cold = complete(base)
+        assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        warm = complete(base)  # from the host tier
+        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+        assert warm["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    with open(tmp_path / "b.txt", "w") as log:
+        proc, base = start_server(log, *flags)
+    try:
+        again = complete(base)  # a fresh host tier: this hit can only come from disk
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+        assert again["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
+        route = f"{base}/hicache/storage-backend"
+        state = httpx.get(route, timeout=30).json()
+        assert state["disk"]["used_bytes"] > 0
+        assert state["counters"]["disk"]["hits"] >= 3  # two pages and the anchor
+        folder = state["disk"]["dir"]
+
+        r = httpx.post(f"{route}/resize", json={"disk_gb": 1e-9}, timeout=30)  # ~1 byte: evict
+        assert r.status_code == 200 and r.json()["disk"]["used_bytes"] == 0
+        assert httpx.delete(route, timeout=30).json()["disk"] is None
+        r = httpx.delete(route, timeout=30)
+        assert r.status_code == 409 and "no disk tier" in r.json()["error"]["message"]
+        r = httpx.post(f"{route}/resize", json={"disk_gb": 1}, timeout=30)
+        assert r.status_code == 409
+        r = httpx.put(route, json={"disk_gb": 1}, timeout=30)
+        assert r.status_code == 200 and r.json()["disk"]["dir"] == folder
+        r = httpx.put(route, json={"disk_gb": 1}, timeout=30)
+        assert r.status_code == 409 and "attached already" in r.json()["error"]["message"]
+        r = httpx.put(route, json={"disk_gb": -1}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "disk_gb"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
