@@ -1,15 +1,16 @@
 """`python -m flipjax.bench <what>`: measure flipjax against a peer in the same run.
 
 Benchmarks: `engine` (flipjax vs transformers, prefill and decode), `store` (store tiers vs raw
-file I/O), `flip` (a live layout flip vs a plain copy and vs a restart). Each reports ratios,
-since a single absolute time on a shared machine means little.
+file I/O), `flip` (a live layout flip vs a plain copy and vs a restart), `serve` (the HTTP
+server under concurrent clients; cold vs stored-prefix TTFT). Each reports ratios, since a
+single absolute time on a shared machine means little.
 """
 
 from __future__ import annotations
 
 import sys
 
-BENCHMARKS = ("engine", "store", "flip")
+BENCHMARKS = ("engine", "store", "flip", "serve")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.engine import main as run
     elif argv[0] == "flip":
         from flipjax.benchmarks.flip import main as run
+    elif argv[0] == "serve":
+        from flipjax.benchmarks.serve import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flipjax.buckets import pow2_bucket
 from flipjax.cache import CacheState, GDNSlots, KVPages
 
 
@@ -24,7 +25,18 @@ def _gather(pool: jax.Array, ids: jax.Array) -> jax.Array:
 
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _scatter(pool: jax.Array, ids: jax.Array, rows: jax.Array) -> jax.Array:
-    return pool.at[ids].set(rows.astype(pool.dtype))
+    return pool.at[ids].set(rows.astype(pool.dtype), mode="drop")
+
+
+def _bucketed(ids: list[int], pad_id: int) -> np.ndarray:
+    """`ids` padded to a power of two, so the number of pages moved never forces a compile:
+    one program per bucket, not one per prefix length. Gathers pad with a valid id (its rows
+    are sliced off); scatters pad with an out-of-range id (its writes are dropped)."""
+    return np.asarray(ids + [pad_id] * (pow2_bucket(len(ids)) - len(ids)), np.int32)
+
+
+def _pad_rows(rows: np.ndarray, n: int) -> np.ndarray:
+    return np.concatenate([rows, np.zeros((n - len(rows), *rows.shape[1:]), rows.dtype)])
 
 
 # One small program per pool leaf, not one over all layers: under a pipeline the layers live on
@@ -32,10 +44,10 @@ def _scatter(pool: jax.Array, ids: jax.Array, rows: jax.Array) -> jax.Array:
 
 
 def read_pages(state: CacheState, pages: list[int]) -> np.ndarray:
-    ids = jnp.asarray(pages, jnp.int32)
+    ids = _bucketed(pages, 0)
     per_layer = jax.device_get([(_gather(p.k, ids), _gather(p.v, ids)) for p in state.kv])
     # -> [n, layers, 2, page_size, kv_heads, head_dim]
-    return np.stack([np.stack(kv, axis=1) for kv in per_layer], axis=1)
+    return np.stack([np.stack(kv, axis=1) for kv in per_layer], axis=1)[: len(pages)]
 
 
 def read_slot(state: CacheState, slot: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +57,9 @@ def read_slot(state: CacheState, slot: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_pages(state: CacheState, pages: list[int], data: np.ndarray) -> CacheState:
-    ids = np.asarray(pages, np.int32)
+    num_pages = state.kv[0].k.shape[0] if state.kv else 0
+    ids = _bucketed(pages, num_pages)
+    data = _pad_rows(np.asarray(data), len(ids))
     kv = tuple(
         KVPages(_scatter(p.k, ids, data[:, i, 0]), _scatter(p.v, ids, data[:, i, 1]))
         for i, p in enumerate(state.kv)
@@ -60,3 +74,21 @@ def write_slot(state: CacheState, slot: int, rec: np.ndarray, conv: np.ndarray) 
         for n, s in enumerate(state.gdn)
     )
     return CacheState(kv=state.kv, gdn=gdn)
+
+
+def warm(state: CacheState, max_pages: int) -> CacheState:
+    """Compile every read and write program the store path can use, changing nothing: reads
+    are discarded and writes only target the dropped out-of-range id."""
+    n = 1
+    while True:
+        read_pages(state, [0] * n)
+        kv = state.kv[0].k if state.kv else None
+        if kv is not None:
+            empty = np.zeros((0, len(state.kv), 2, *kv.shape[1:]), kv.dtype)
+            state = write_pages(state, [kv.shape[0]] * n, _pad_rows(empty, n))
+        if n >= max_pages:
+            break
+        n *= 2
+    rec, conv = read_slot(state, 0)
+    num_slots = state.gdn[0].recurrent.shape[0] if state.gdn else 0
+    return write_slot(state, num_slots, rec, conv)

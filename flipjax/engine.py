@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flipjax import cache_io
 from flipjax.buckets import pow2_bucket
 from flipjax.cache import PagePool, SlotPool
 from flipjax.cache_io import read_pages, read_slot, write_pages, write_slot
@@ -272,8 +273,12 @@ class Engine:
         self.slots.check()
 
     def warmup(self) -> None:
-        """Compile every step shape now, so serving never compiles the model step later."""
+        """Compile every step shape now, so serving never compiles the model step later; with
+        a prefix store, also every program that moves pages and states to and from it."""
         self.runner.warmup()
+        if self.prefix_store is not None:
+            with self.runner.compiles.watch():
+                self.runner.state = cache_io.warm(self.runner.state, self.runner.table_width)
 
     @property
     def compile_count(self) -> int:
@@ -346,8 +351,9 @@ class Engine:
         if found is None or not self.scheduler.reserve(seq, found.tokens):
             return
         pages = seq.pages[: found.tokens // self.engine_config.page_size]
-        state = write_pages(self.runner.state, pages, found.kv)
-        self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
+        with self.runner.compiles.watch():
+            state = write_pages(self.runner.state, pages, found.kv)
+            self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
         seq.num_computed = seq.cached_tokens = found.tokens
 
     def _publish(self, seq: Sequence, start: int) -> None:
@@ -358,10 +364,12 @@ class Engine:
         ps, end = self.engine_config.page_size, seq.num_computed
         first, last = start // ps, end // ps
         if last > first:
-            kv = read_pages(self.runner.state, seq.pages[first:last])
+            with self.runner.compiles.watch():
+                kv = read_pages(self.runner.state, seq.pages[first:last])
             store.publish_pages(seq.all_ids, first, kv)
         if end > start and end % store.gdn_interval == 0:
-            rec, conv = read_slot(self.runner.state, seq.slot)
+            with self.runner.compiles.watch():
+                rec, conv = read_slot(self.runner.state, seq.slot)
             store.publish_state(seq.all_ids[:end], rec, conv)
 
     def _sample(self, logits: jax.Array, seqs: list[Sequence | None]) -> list[Sequence]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from typing import Any
 
 
@@ -19,6 +20,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...]")
     p.add_argument("--arm", action="append", default=[], metavar="LAYOUT",
                    help="compile a layout's programs at start, so a flip to it compiles nothing")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip compiling every step shape at start (serving then compiles on "
+                   "first use of each shape)")
     p.add_argument("--api-key", default=None, help="Bearer key the inference routes require")
     p.add_argument("--admin-api-key", default=None,
                    help="Bearer key for phase routes (without one they answer on loopback only)")
@@ -60,6 +64,10 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     devices = len(engine.runner.binding.placement.devices)
     log.info("layout %s on %d device(s)", engine.layout, devices)
+    if not args.no_warmup:
+        t0 = time.perf_counter()
+        engine.warmup()
+        log.info("warm-up: %d programs in %.1f s", engine.compile_count, time.perf_counter() - t0)
     for layout in args.arm:
         engine.arm(layout)
         log.info("armed layout %s", layout)

@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 
 # Fewer step shapes to compile (decode up to 16 rows, prefill chunks up to 64 tokens).
-SMALL = ("--max-running-requests", "16", "--max-prefill-tokens", "64")
+SMALL = ("--max-running-requests", "16", "--max-prefill-tokens", "64", "--no-warmup")
 
 
 def start_server(log, *flags: str) -> tuple[subprocess.Popen, str]:

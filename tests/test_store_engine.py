@@ -145,3 +145,23 @@ def test_payloads_are_layout_neutral_across_layouts(model, tmp_path):
     assert seq.output_ids == straight.token_ids
     engine.check()
     bridge.store.close()
+
+
+def test_warmup_compiles_the_store_path_too(model, tmp_path):
+    """After warm-up, seeding from the store and publishing to it compile nothing, and the
+    warm-up itself changed no pooled state."""
+    import jax
+
+    bridge = open_store(model, str(tmp_path))
+    engine = make(model, bridge, max_running_requests=2)
+    before = [np.asarray(x).copy() for x in jax.tree.leaves(engine.runner.state)]
+    engine.warmup()
+    after = jax.tree.leaves(engine.runner.state)
+    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, after, strict=True))
+    compiles = engine.compile_count
+    first = engine.generate([PROMPT], max_new_tokens=4)[0]
+    bridge.store.flush()
+    second = engine.generate([PROMPT], max_new_tokens=4)[0]
+    assert second.cached_tokens == 96 and second.token_ids == first.token_ids
+    assert engine.compile_count == compiles
+    bridge.store.close()

@@ -1,0 +1,157 @@
+"""`python -m flipjax.bench serve`: the HTTP server under concurrent clients, over loopback.
+
+Starts `python -m flipjax.serve` (the tiny model unless `--model`), then:
+1. a shared-prefix workload: `--clients` concurrent streaming clients, each sending
+   `--requests` prompts made of one of a few long system prompts plus a fresh user turn;
+   reports throughput, time to first token and inter-token latency (p50/p99), and where the
+   prompt tokens came from (store hits per tier, computed);
+2. time to first token of a `--long`-token prompt cold, then served from the host tier, then,
+   after a restart over the same store directory, from disk (target: a hit at least 10x faster
+   than cold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import httpx
+
+SYSTEM_PROMPTS = 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args: argparse.Namespace, store_dir: str, log: Any) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "flipjax.serve", "--model", args.model, "--port", str(port),
+        "--store-dir", store_dir, "--gdn-checkpoint-interval", "64",
+        "--max-prefill-tokens", "512", "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}; see {log.name}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError("server did not become healthy")
+
+
+async def _stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """One streamed completion: time to first token, gaps between chunks, usage."""
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "ignore_eos": True}  # fmt: skip
+    t0 = time.perf_counter()
+    first, last, gaps, usage = None, None, [], {}
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = time.perf_counter()
+            chunk = json.loads(line[6:])
+            if first is None:
+                first = now - t0
+            elif last is not None:
+                gaps.append(now - last)
+            last = now
+            usage = chunk.get("usage") or usage
+    return {"ttft": first, "gaps": gaps, "usage": usage, "seconds": time.perf_counter() - t0}
+
+
+async def _workload(base: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    systems = [f"system {i}: " + "you are a careful assistant. " * (args.system_len // 28)
+               for i in range(SYSTEM_PROMPTS)]  # fmt: skip
+    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+        async def client_loop(c: int) -> list[dict[str, Any]]:
+            out = []
+            for r in range(args.requests):
+                prompt = f"{systems[(c + r) % SYSTEM_PROMPTS]}\nuser {c}.{r}: hello?"
+                out.append(await _stream(client, prompt, args.max_tokens))
+            return out
+
+        results = await asyncio.gather(*(client_loop(c) for c in range(args.clients)))
+    return [r for rs in results for r in rs]
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flipjax.bench serve", description=__doc__)
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--requests", type=int, default=4, help="per client")
+    p.add_argument("--system-len", type=int, default=512, help="system prompt tokens (about)")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--long", type=int, default=2048, help="tokens of the TTFT prompt")
+    args = p.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as folder, open(os.path.join(folder, "log"), "w") as log:
+        store = os.path.join(folder, "store")
+        proc, base = _start(args, store, log)
+        try:
+            asyncio.run(_workload(base, argparse.Namespace(**{**vars(args), "requests": 1,
+                                                               "clients": 1})))  # warm-up
+            t0 = time.perf_counter()
+            results = asyncio.run(_workload(base, args))
+            wall = time.perf_counter() - t0
+            stats = httpx.get(f"{base}/hicache/storage-backend", timeout=30).json()["counters"]
+            long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(args.long))
+            cold = asyncio.run(_one(base, long_prompt))
+            host = asyncio.run(_one(base, long_prompt))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+        proc, base = _start(args, store, log)
+        try:
+            asyncio.run(_one(base, "warm up the programs " * 8))
+            disk = asyncio.run(_one(base, long_prompt))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+    tokens = sum(r["usage"]["completion_tokens"] for r in results)
+    prompt = sum(r["usage"]["prompt_tokens"] for r in results)
+    cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results)
+    ttfts = [r["ttft"] for r in results]
+    gaps = [g for r in results for g in r["gaps"]]
+    print(f"{len(results)} requests from {args.clients} clients in {wall:.1f} s: "
+          f"{tokens / wall:.1f} generated tok/s, {prompt / wall:.0f} prompt tok/s")
+    print(f"TTFT p50 {_pct(ttfts, .5) * 1e3:.0f} ms, p99 {_pct(ttfts, .99) * 1e3:.0f} ms; "
+          f"inter-token p50 {_pct(gaps, .5) * 1e3:.1f} ms, p99 {_pct(gaps, .99) * 1e3:.1f} ms")
+    host_hits, disk_hits = stats["store"].get("hits_host", 0), stats["store"].get("hits_disk", 0)
+    print(f"prompt tokens: {cached / prompt:.0%} served from the store "
+          f"(entry hits: host {host_hits}, disk {disk_hits}), {1 - cached / prompt:.0%} computed")
+    for name, r in (("host", host), ("disk", disk)):
+        print(f"TTFT of a {args.long}-token prompt: cold {cold['ttft'] * 1e3:.0f} ms, from {name} "
+              f"{r['ttft'] * 1e3:.0f} ms ({r['usage']['prompt_tokens_details']['cached_tokens']} "
+              f"cached): {cold['ttft'] / r['ttft']:.1f}x faster (target >= 10x)")
+    print(f"mean e2e {statistics.mean(r['seconds'] for r in results):.2f} s per request")
+
+
+async def _one(base: str, prompt: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+        return await _stream(client, prompt, 4)
