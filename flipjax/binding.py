@@ -55,7 +55,6 @@ class Binding:
         params: nnx.State,
         state: CacheState,
         dtype: jnp.dtype,
-        num_slots: int,
         table_width: int,
         compiles: CompileCounter,
     ):
@@ -65,7 +64,6 @@ class Binding:
         self.kernels = kernels
         self.params = params
         self.dtype = dtype
-        self.num_slots = num_slots
         self.table_width = table_width
         self.compiles = compiles
         self.stages = placement.stages
@@ -100,6 +98,14 @@ class Binding:
     def state(self, state: CacheState) -> None:
         self._kv = [tuple(state.kv[i] for i in ids) for ids in self._kv_ids]
         self._gdn = [tuple(state.gdn[i] for i in ids) for ids in self._gdn_ids]
+
+    def rebind(self, placement: Placement, params: nnx.State, state: CacheState) -> Binding:
+        """A binding of the same model and programs' keys over `params` and `state` placed by
+        `placement` (arrays already there, or abstract when only shapes are read)."""
+        return Binding(
+            placement, self.cfg, self.parts, self.kernels, params, state, self.dtype,
+            self.table_width, self.compiles,
+        )  # fmt: skip
 
     def split(self, rows: int, tokens: int) -> tuple[int, int, int]:
         """How a pipeline cuts a [rows, tokens] step: (pieces, rows each, tokens each).

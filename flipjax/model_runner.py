@@ -68,7 +68,7 @@ class ModelRunner:
         state = init_cache_state(cfg, num_pages, page_size, num_slots, dtype)
         self.binding = Binding.place(
             placement or single_device(cfg), params, state, cfg=cfg, parts=self.parts,
-            kernels=self.kernels, dtype=dtype, num_slots=num_slots,
+            kernels=self.kernels, dtype=dtype,
             table_width=self.table_width, compiles=self.compiles,
         )  # fmt: skip
         # Layout bookkeeping, kept by `sharding.flip`: placements whose programs are compiled,

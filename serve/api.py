@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
 from flipjax.engine import Engine, Output
 from flipjax.sampling import SamplingParams
@@ -77,6 +78,17 @@ def create_app(
                          "permission_error")  # fmt: skip
         return None
 
+    async def accept(request: Request, model: type[BaseModel], admin: bool = False) -> Any:
+        """The validated body of an authorised request, or the response refusing it."""
+        if (refused := refusal(request, admin)) is not None:
+            return refused
+        req = await parse(request, model)
+        if isinstance(req, JSONResponse):
+            return req
+        if getattr(req, "model", engine.name) != engine.name:
+            return error(404, f"model: {req.model!r} is not served here", "model", "not_found")
+        return req
+
     async def submit(prompt: str | list[int], params: SamplingParams) -> Submitted | JSONResponse:
         updates: asyncio.Queue[Update] = asyncio.Queue()
         aio = asyncio.get_running_loop()
@@ -122,13 +134,9 @@ def create_app(
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
-        if (refused := refusal(request, admin=False)) is not None:
-            return refused
-        req = await parse(request, CompletionRequest)
-        if isinstance(req, JSONResponse):
+        req = await accept(request, CompletionRequest)
+        if isinstance(req, Response):
             return req
-        if req.model != engine.name:
-            return error(404, f"model: {req.model!r} is not served here", "model", "not_found")
         params = req.sampling_params()
         submitted = await submit(req.prompt, params)
         if isinstance(submitted, JSONResponse):
@@ -153,13 +161,9 @@ def create_app(
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
-        if (refused := refusal(request, admin=False)) is not None:
-            return refused
-        req = await parse(request, ChatRequest)
-        if isinstance(req, JSONResponse):
+        req = await accept(request, ChatRequest)
+        if isinstance(req, Response):
             return req
-        if req.model != engine.name:
-            return error(404, f"model: {req.model!r} is not served here", "model", "not_found")
         try:
             prompt = template.render([m.model_dump() for m in req.messages])
         except Exception as e:  # noqa: BLE001 - a template error is the request's problem
@@ -196,10 +200,8 @@ def create_app(
 
     @app.post("/generate", response_model=None)
     async def generate(request: Request) -> Response:
-        if (refused := refusal(request, admin=False)) is not None:
-            return refused
-        req = await parse(request, GenerateRequest)
-        if isinstance(req, JSONResponse):
+        req = await accept(request, GenerateRequest)
+        if isinstance(req, Response):
             return req
         if req.stream:
             return bad_request("stream: /generate answers once; use /v1/completions", "stream")
@@ -227,10 +229,8 @@ def create_app(
 
     @app.post("/phase_flip")
     async def phase_flip(request: Request) -> Response:
-        if (refused := refusal(request, admin=True)) is not None:
-            return refused
-        req = await parse(request, FlipRequest)
-        if isinstance(req, JSONResponse):
+        req = await accept(request, FlipRequest, admin=True)
+        if isinstance(req, Response):
             return req
         try:
             await asyncio.to_thread(loop.call, lambda e: e.flip(req.to))
@@ -242,10 +242,8 @@ def create_app(
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
-        if (refused := refusal(request, admin=True)) is not None:
-            return refused
-        req = await parse(request, AbortRequest)
-        if isinstance(req, JSONResponse):
+        req = await accept(request, AbortRequest, admin=True)
+        if isinstance(req, Response):
             return req
         rid = req.request_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
         if not await asyncio.to_thread(loop.cancel, rid):

@@ -68,15 +68,6 @@ def _move(tree: Any, shardings: Any) -> tuple[Any, float]:
     return moved, (time.perf_counter() - t0) * 1e3
 
 
-def _unplaced(runner: ModelRunner, placement: Placement) -> Binding:
-    """A binding of `placement` over the current arrays, used only for their shapes."""
-    b = runner.binding
-    return Binding(
-        placement, b.cfg, b.parts, b.kernels, b.params, b.state, b.dtype, b.num_slots,
-        b.table_width, runner.compiles,
-    )  # fmt: skip
-
-
 def arm(runner: ModelRunner, layout: str | Layout) -> Placement:
     """Check `layout` and compile everything a flip to it and back would compile.
 
@@ -86,7 +77,7 @@ def arm(runner: ModelRunner, layout: str | Layout) -> Placement:
     target can hold the state before a flip relies on it. The binding is not touched.
     """
     placement = placement_for(layout, runner.cfg)
-    skeleton = _unplaced(runner, placement)
+    skeleton = runner.binding.rebind(placement, runner.binding.params, runner.binding.state)
     shapes = set(runner.shapes)
     for b, t in runner.shapes:  # the pieces a pipeline cuts steps into
         shapes.add(skeleton.split(b, t)[1:])
@@ -156,10 +147,7 @@ def _placed_copy(runner: ModelRunner, placement: Placement) -> tuple[Binding, di
     gdn, gdn_ms = _move(old.state.gdn, state_sh.gdn)
     _check_landed(params, param_sh, "weight")
     _check_landed((kv, gdn), (state_sh.kv, state_sh.gdn), "pool")
-    new = Binding(
-        placement, runner.cfg, old.parts, old.kernels, params, CacheState(kv=kv, gdn=gdn),
-        old.dtype, old.num_slots, old.table_width, runner.compiles,
-    )  # fmt: skip
+    new = old.rebind(placement, params, CacheState(kv=kv, gdn=gdn))
     moved = dict(
         weights_bytes=_nbytes(params), kv_bytes=_nbytes(kv), gdn_bytes=_nbytes(gdn),
         weights_ms=weights_ms, kv_ms=kv_ms, gdn_ms=gdn_ms,
