@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.config import FULL_ATTENTION, ModelConfig
+from flipjax.config import ModelConfig
 
 StageParams = dict[str, Any]
 
@@ -42,13 +42,11 @@ class StageSpan:
 
     def attention_layers(self, cfg: ModelConfig) -> list[int]:
         """Indices into the KV pools (the model's full-attention layers) this stage owns."""
-        kv = [i for i, t in enumerate(cfg.layer_types) if t == FULL_ATTENTION]
-        return [n for n, i in enumerate(kv) if self.start <= i < self.stop]
+        return [n for n, i in enumerate(cfg.full_attention_layers) if i in self.layers]
 
     def gdn_layers(self, cfg: ModelConfig) -> list[int]:
         """Indices into the GDN slot pools this stage owns."""
-        lin = [i for i, t in enumerate(cfg.layer_types) if t != FULL_ATTENTION]
-        return [n for n, i in enumerate(lin) if self.start <= i < self.stop]
+        return [n for n, i in enumerate(cfg.linear_attention_layers) if i in self.layers]
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,9 @@ def arm(runner: ModelRunner, layout: str | Layout) -> Placement:
     That is the target's step programs for every serving shape, and the transfer programs
     `jax.device_put` builds to reshard each leaf between the two placements: those are warmed
     by a trial move of the state there and back (results dropped), which also proves the
-    target can hold the state before a flip relies on it. The binding is not touched.
+    target can hold the state before a flip relies on it. Transfers are warmed between the
+    current layout and the target only; arm from the layout you will flip from. The binding
+    is not touched.
     """
     placement = placement_for(layout, runner.cfg)
     skeleton = runner.binding.rebind(placement, runner.binding.params, runner.binding.state)
@@ -140,8 +142,7 @@ def _placed_copy(runner: ModelRunner, placement: Placement) -> tuple[Binding, di
     Returns the new binding and what was moved (bytes and ms per part).
     """
     old = runner.binding
-    param_sh = placement.param_shardings(old.params)
-    state_sh = placement.state_shardings(runner.cfg)
+    param_sh, state_sh = _shardings(runner, placement)
     params, weights_ms = _move(old.params, param_sh)
     kv, kv_ms = _move(old.state.kv, state_sh.kv)
     gdn, gdn_ms = _move(old.state.gdn, state_sh.gdn)

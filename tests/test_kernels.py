@@ -143,12 +143,12 @@ def test_engine_greedy_identical_with_kernels(monkeypatch):
     """End to end on the tiny model: the interpreted kernels and the references agree."""
     from flipjax import Engine
 
-    prompts = [[(i * 11 + 5) % 256 for i in range(n)] for n in (3, 21, 40)]
+    prompts = [[(i * 11 + 5) % 256 for i in range(n)] for n in (3, 40)]
     outputs = {}
     for mode in ("reference", "interpret"):
         monkeypatch.setenv(dispatch.KERNELS_ENV, mode)
         engine = Engine.from_pretrained(
-            "tiny", num_pages=64, max_running_requests=4, max_prefill_tokens=32
+            "tiny", num_pages=64, max_running_requests=2, max_prefill_tokens=32
         )
         assert engine.runner.kernels == mode
         outputs[mode] = [o.token_ids for o in engine.generate(prompts, max_new_tokens=6)]
