@@ -1,7 +1,8 @@
 """`python -m flipjax.serve` answers on loopback with real HTTP, checked with the openai client.
 
 The server runs the tiny model as an uneven pipeline with tensor parallel armed, so streams,
-concurrency and a phase flip under load are all checked against the offline engine.
+16 concurrent clients and a phase flip under their load are all checked against the offline
+engine.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def test_seeded_sampling_over_http_matches_offline(client):
     assert resp.choices[0].model_extra["token_ids"] == want.token_ids
 
 
-PROMPTS = [f"stream {i}: " + "x" * (3 * i) for i in range(8)]
+PROMPTS = [f"stream {i}: " + "x" * (3 * i) for i in range(16)]  # 16 concurrent clients
 
 
 @pytest.fixture(scope="module")
