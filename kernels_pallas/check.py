@@ -7,14 +7,15 @@ kernel. On a GPU the kernels are compiled Pallas (`--shapes full` by default, de
 GQA 16/2, head_dim 128 and 256, bf16; a 512-token prefill chunk; GDN at 8k tokens); elsewhere
 they run in interpret mode on small shapes, which proves the script, not the speed.
 
-Like flipjax's CLI modules this is an entry point: the GDN reference lives in `flipjax.gdn`,
-so it is imported inside `main()` and the kernel modules stay free of flipjax imports.
+Like flipjax's CLI modules this is an entry point, so it may use flipjax (the GDN reference in
+`flipjax.gdn`, the timing helpers of `flipjax.benchmarks.machine`); the kernel modules stay
+free of flipjax imports.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flipjax import gdn
+from flipjax.benchmarks.machine import best_of, copy_bandwidth_gbs
 from kernels_pallas.gdn import gated_delta_rule_step
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
@@ -46,19 +49,7 @@ SMALL = Shapes(2, 64, 4, 2, (16,), 8, 16, 96, 2, 16)
 
 def best_ms(fn: Callable[..., object], args: tuple[jax.Array, ...], repeats: int) -> float:
     """Fastest time of `fn(*args)` over `repeats` runs after a warm-up, in ms."""
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
-
-
-def copy_gbs(nbytes: int, repeats: int) -> float:
-    x = jnp.ones((nbytes // 4,), jnp.float32)
-    copy = jax.jit(lambda a: a * 1.0001)
-    return 2 * nbytes / best_ms(copy, (x,), repeats) / 1e6
+    return best_of(functools.partial(fn, *args), repeats) * 1e3
 
 
 def max_err(a: jax.Array, b: jax.Array, mask: np.ndarray | None = None) -> float:
@@ -119,8 +110,6 @@ def check_paged(s: Shapes, interpret: bool, repeats: int, copy: float) -> None:
 
 
 def check_gdn(s: Shapes, interpret: bool, repeats: int, copy: float) -> None:
-    from flipjax import gdn  # the reference; see the module docstring
-
     key = jax.random.split(jax.random.PRNGKey(1), 6)
     h, d, t = s.gdn_heads, s.gdn_dim, s.gdn_tokens
     q = jax.random.normal(key[0], (1, t, h, d), jnp.float32)
@@ -174,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     on_gpu = jax.default_backend() == "gpu"
     shapes = FULL if (args.shapes or ("full" if on_gpu else "small")) == "full" else SMALL
     interpret = not on_gpu
-    copy = copy_gbs(1 << 30 if on_gpu else 64 << 20, args.repeats)
+    copy = copy_bandwidth_gbs(1 << 30 if on_gpu else 64 << 20)
     print(f"device {jax.devices()[0].device_kind}  kernels {'interpret' if interpret else 'pallas'}"
           f"  copy bandwidth {copy:.1f} GB/s", flush=True)
     check_paged(shapes, interpret, args.repeats, copy)
