@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
+from flipjax.buckets import MIN_PREFILL_BUCKET
 from flipjax.cache import CacheState
 from flipjax.compile_counter import CompileCounter
 from flipjax.config import ModelConfig
@@ -34,7 +35,6 @@ from flipjax.placement import REPLICATED, Placement
 from flipjax.stages import ModelParts, stage_params
 
 Shape = tuple[int, int]  # (rows, tokens per row) of one step
-MIN_PIECE_TOKENS = 16  # the smallest prefill bucket; sub-chunks are never smaller
 _programs: dict[tuple[Any, ...], Any] = {}
 _concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
 
@@ -111,11 +111,11 @@ class Binding:
         """How a pipeline cuts a [rows, tokens] step: (pieces, rows each, tokens each).
 
         A decode batch is cut into micro-batches of rows; a one-row prefill chunk into
-        consecutive sub-chunks of at least `MIN_PIECE_TOKENS`, each continuing the previous
+        consecutive sub-chunks of at least `MIN_PREFILL_BUCKET`, each continuing the previous
         one's pages and GDN state. Either way stage s works on piece i + 1 while stage s + 1
         works on piece i. A single stage never cuts.
         """
-        across = rows if rows > 1 else tokens // MIN_PIECE_TOKENS
+        across = rows if rows > 1 else tokens // MIN_PREFILL_BUCKET
         m = 1
         while m * 2 <= min(len(self.stages), across):
             m *= 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MIN_PREFILL_BUCKET = 16  # the smallest prefill chunk shape; a pipeline never cuts below it
+
 
 def pow2_bucket(n: int, minimum: int = 1) -> int:
     """Smallest power of two >= max(n, minimum)."""

@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from flipjax.binding import Binding
-from flipjax.buckets import pages_for, pow2_bucket
+from flipjax.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.cache import CacheState, init_cache_state
 from flipjax.compile_counter import CompileCounter
 from flipjax.config import ModelConfig
@@ -31,7 +31,6 @@ from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams, build_i
 from flipjax.stages import ModelParts
 from kernels_pallas import dispatch
 
-MIN_PREFILL_BUCKET = 16
 
 @dataclass
 class Row:
