@@ -76,9 +76,21 @@ def write_slot(state: CacheState, slot: int, rec: np.ndarray, conv: np.ndarray) 
     return CacheState(kv=state.kv, gdn=gdn)
 
 
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _copy_row(pool: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
+    return pool.at[dst].set(pool[src], mode="drop")
+
+
+def copy_slot(state: CacheState, src: int, dst: int) -> CacheState:
+    """Copy GDN slot `src` into slot `dst` on the device (the prefix cache's states)."""
+    i, j = np.asarray(src, np.int32), np.asarray(dst, np.int32)
+    gdn = tuple(GDNSlots(_copy_row(s.recurrent, i, j), _copy_row(s.conv, i, j)) for s in state.gdn)
+    return CacheState(kv=state.kv, gdn=gdn)
+
+
 def warm(state: CacheState, max_pages: int) -> CacheState:
-    """Compile every read and write program the store path can use, changing nothing: reads
-    are discarded and writes only target the dropped out-of-range id."""
+    """Compile every read, write and copy program the prefix cache and the store can use,
+    changing nothing: reads are discarded and writes only target the dropped out-of-range id."""
     n = 1
     while True:
         read_pages(state, [0] * n)
@@ -91,4 +103,5 @@ def warm(state: CacheState, max_pages: int) -> CacheState:
         n *= 2
     rec, conv = read_slot(state, 0)
     num_slots = state.gdn[0].recurrent.shape[0] if state.gdn else 0
+    state = copy_slot(state, 0, num_slots)
     return write_slot(state, num_slots, rec, conv)

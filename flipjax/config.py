@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from flipjax.hybrid import check_interval
+
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 LAYER_TYPES = (FULL_ATTENTION, LINEAR_ATTENTION)
@@ -225,9 +227,15 @@ class EngineConfig:
     page_size: int = 16
     num_pages: int = 1024
     max_running_requests: int = 32
-    num_slots: int | None = None  # GDN state slots; default max_running_requests
+    # GDN state slots; by default twice max_running_requests. Running requests hold one each;
+    # the device prefix cache keeps grid states in the rest.
+    num_slots: int | None = None
     max_prefill_tokens: int = 2048  # prefill token budget per step
     max_model_len: int | None = None  # prompt + output cap; default the model's context
+    # Tokens between cached GDN states, the points a prefix can be reused from; by default the
+    # prefix store's interval, or 256 without one.
+    gdn_checkpoint_interval: int | None = None
+    prefix_cache: bool = True  # keep finished requests' pages and grid states for reuse
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):
@@ -242,10 +250,12 @@ class EngineConfig:
 
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
+        if self.gdn_checkpoint_interval is not None:
+            check_interval(self.gdn_checkpoint_interval, self.page_size)
 
     @property
     def slots(self) -> int:
-        return self.num_slots if self.num_slots is not None else self.max_running_requests
+        return self.num_slots if self.num_slots is not None else 2 * self.max_running_requests
 
     def model_len(self, cfg: ModelConfig) -> int:
         """The context this engine serves: max_model_len, capped by the model's own."""

@@ -16,6 +16,7 @@ import itertools
 import os
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,12 +28,13 @@ from flax import nnx
 from flipjax import cache_io
 from flipjax.buckets import pow2_bucket
 from flipjax.cache import PagePool, SlotPool
-from flipjax.cache_io import read_pages, read_slot, write_pages, write_slot
+from flipjax.cache_io import copy_slot, read_pages, read_slot, write_pages, write_slot
 from flipjax.config import EngineConfig, ModelConfig
 from flipjax.model import Qwen3NextForCausalLM, forward, init_cache
 from flipjax.model_runner import ModelRunner, Row
 from flipjax.orbax_ckpt import abstract_params, is_orbax, restore_params
 from flipjax.prefix import PrefixStore
+from flipjax.radix_cache import RadixCache
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams
 from flipjax.scheduler import Scheduler
 from flipjax.sequence import Sequence, TokenLogprob
@@ -90,16 +92,21 @@ class Engine:
         self.pages = PagePool(ec.num_pages, "kv pages")
         self.slots = SlotPool(ec.slots, "gdn slots")
         self.prefix_store = prefix_store
-        if prefix_store is not None and prefix_store.page_size != ec.page_size:
-            raise ValueError(
-                f"prefix_store: page size {prefix_store.page_size} is not the engine's "
-                f"{ec.page_size}"
-            )
+        self.gdn_interval = _gdn_interval(ec, prefix_store)
+        self.prefix_cache: RadixCache | None = None
+        if ec.prefix_cache and ec.slots > ec.max_running_requests:
+            self.prefix_cache = RadixCache(
+                self.pages, self.slots, ec.page_size, self.gdn_interval,
+                max_states=ec.slots - ec.max_running_requests,
+            )  # fmt: skip
+        reuse = self.prefix_cache is not None or prefix_store is not None
         self.scheduler = Scheduler(
             self.pages, self.slots, ec.page_size, ec.max_running_requests, ec.max_prefill_tokens,
-            chunk_grid=prefix_store.gdn_interval if prefix_store is not None else None,
-            on_admit=self._seed_from_store,
+            chunk_grid=self.gdn_interval if reuse else None, on_admit=self._seed,
+            prefix_cache=self.prefix_cache,
         )  # fmt: skip
+        # Admissions by where their prefix came from (device, host, disk) or miss, with tokens.
+        self.prefix_counters: Counter[str] = Counter()
         self.max_model_len = ec.model_len(self.config)
         placement = None
         if layout is not None:
@@ -174,7 +181,7 @@ class Engine:
         """Compile `layout`'s step programs now, so a later flip to it compiles nothing."""
         from sharding.flip import arm  # layouts sit above the engine
 
-        arm(self.runner, layout)
+        arm(self.runner, layout, state_io=self._moves_state)
 
     def flip(self, layout: str) -> FlipRecord | None:
         """Reshard the live state to `layout`; requests in flight continue where they are.
@@ -268,17 +275,33 @@ class Engine:
         return self._finish(seq)
 
     def check(self) -> None:
-        """Prove the pools' ledgers are consistent (free + owned == total)."""
+        """Prove the pools' ledgers are consistent (free + owned == total) and agree with the
+        prefix cache."""
         self.pages.check()
         self.slots.check()
+        if self.prefix_cache is not None:
+            self.prefix_cache.check()
+
+    def flush_prefix_cache(self) -> dict[str, int]:
+        """Drop the device prefix cache (requests in flight keep what they use); the store's
+        tiers are untouched. Returns the pages and states released."""
+        if self.prefix_cache is None:
+            return {"pages": 0, "states": 0}
+        pages, states = self.prefix_cache.flush()
+        return {"pages": pages, "states": states}
 
     def warmup(self) -> None:
         """Compile every step shape now, so serving never compiles the model step later; with
-        a prefix store, also every program that moves pages and states to and from it."""
+        a prefix cache or store, also every program that moves pages and states."""
         self.runner.warmup()
-        if self.prefix_store is not None:
+        if self._moves_state:
             with self.runner.compiles.watch():
                 self.runner.state = cache_io.warm(self.runner.state, self.runner.table_width)
+
+    @property
+    def _moves_state(self) -> bool:
+        """Whether pages and states move between slots, the host and the device."""
+        return self.prefix_cache is not None or self.prefix_store is not None
 
     @property
     def compile_count(self) -> int:
@@ -339,38 +362,67 @@ class Engine:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _seed_from_store(self, seq: Sequence) -> None:
-        """Start an admitted request from the deepest stored prefix of its tokens, if any.
+    def _seed(self, seq: Sequence) -> None:
+        """Start an admitted request from the deepest cached prefix of its tokens: the device
+        cache first, then the store for whatever it holds beyond that.
 
         At least one token is left to compute, since its logits are what gets sampled.
         """
+        if seq.num_computed:
+            return
+        known = seq.all_ids[:-1]
+        tokens, tier = 0, None
+        cache = self.prefix_cache
+        if cache is not None:
+            match = cache.match(known)
+            if match.tokens:
+                # Swap the page reserved at admission for the cached ones, then one to grow into.
+                self.pages.release(seq.pages, seq.request_id)
+                self.pages.share(match.pages, seq.request_id)
+                seq.pages = list(match.pages)
+                self.scheduler.reserve(seq, match.tokens + 1)  # the page just released fits
+                self._copy_state(match.slot, seq.slot)
+                tokens, tier = match.tokens, "device"
         store = self.prefix_store
-        if store is None or seq.num_computed:
-            return
-        found = store.fetch(seq.all_ids[:-1])
-        if found is None or not self.scheduler.reserve(seq, found.tokens):
-            return
-        pages = seq.pages[: found.tokens // self.engine_config.page_size]
-        with self.runner.compiles.watch():
-            state = write_pages(self.runner.state, pages, found.kv)
-            self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
-        seq.num_computed = seq.cached_tokens = found.tokens
+        found = store.fetch(known, tokens) if store is not None else None
+        if found is not None and self.scheduler.reserve(seq, found.tokens):
+            ps = self.engine_config.page_size
+            pages = seq.pages[tokens // ps : found.tokens // ps]
+            with self.runner.compiles.watch():
+                state = write_pages(self.runner.state, pages, found.kv)
+                self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
+            tokens, tier = found.tokens, found.tier
+        seq.num_computed = tokens
+        if not seq.output_ids:  # a resumed request's usage keeps its first admission's count
+            seq.cached_tokens = tokens
+        self.prefix_counters[f"hits_{tier}" if tier else "misses"] += 1
+        self.prefix_counters[f"hit_tokens_{tier}"] += tokens if tier else 0
 
     def _publish(self, seq: Sequence, start: int) -> None:
-        """Send pages completed since `start`, and a grid state, to the prefix store."""
-        store = self.prefix_store
-        if store is None:
-            return
+        """Offer pages completed since `start`, and a grid state, to the device prefix cache
+        and the prefix store."""
+        cache, store = self.prefix_cache, self.prefix_store
         ps, end = self.engine_config.page_size, seq.num_computed
         first, last = start // ps, end // ps
+        on_grid = end > start and end % self.gdn_interval == 0
+        if cache is not None and last > first:
+            cache.insert(seq.all_ids[: last * ps], seq.pages[:last])
+        if cache is not None and on_grid:
+            cache.add_state(seq.all_ids[:end], functools.partial(self._copy_state, seq.slot))
+        if store is None:
+            return
         if last > first:
             with self.runner.compiles.watch():
                 kv = read_pages(self.runner.state, seq.pages[first:last])
             store.publish_pages(seq.all_ids, first, kv)
-        if end > start and end % store.gdn_interval == 0:
+        if on_grid:
             with self.runner.compiles.watch():
                 rec, conv = read_slot(self.runner.state, seq.slot)
             store.publish_state(seq.all_ids[:end], rec, conv)
+
+    def _copy_state(self, src: int, dst: int) -> None:
+        with self.runner.compiles.watch():
+            self.runner.state = copy_slot(self.runner.state, src, dst)
 
     def _sample(self, logits: jax.Array, seqs: list[Sequence | None]) -> list[Sequence]:
         rows = [
@@ -413,3 +465,18 @@ class Engine:
             e2e_s=seq.finish_time - seq.arrival_time,
             cached_tokens=seq.cached_tokens,
         )
+
+
+def _gdn_interval(ec: EngineConfig, store: PrefixStore | None) -> int:
+    """The GDN checkpoint grid: the configured one, else the store's, else the multiple of the
+    page size nearest above 256 tokens."""
+    if store is not None:
+        if ec.gdn_checkpoint_interval not in (None, store.gdn_interval):
+            raise ValueError(
+                f"gdn_checkpoint_interval: {ec.gdn_checkpoint_interval} is not the prefix "
+                f"store's {store.gdn_interval}"
+            )
+        return store.gdn_interval
+    if ec.gdn_checkpoint_interval is not None:
+        return ec.gdn_checkpoint_interval
+    return -(-256 // ec.page_size) * ec.page_size

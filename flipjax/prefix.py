@@ -12,20 +12,24 @@ import numpy as np
 
 @dataclass
 class FetchedPrefix:
-    """A verified prefix: `tokens` tokens of KV pages and the GDN state at their end."""
+    """A verified prefix: the KV pages of tokens `start...tokens` and the GDN state at
+    `tokens`."""
 
     tokens: int
-    kv: np.ndarray  # [pages, kv_layers, 2, page_size, kv_heads, head_dim]
+    kv: np.ndarray  # [pages, kv_layers, 2, page_size, kv_heads, head_dim], from page start/ps
     recurrent: np.ndarray  # [gdn_layers, v_heads, dk, dv]
     conv: np.ndarray  # [gdn_layers, kernel - 1, conv_dim]
+    start: int = 0  # tokens the caller already had (a multiple of the page size)
+    tier: str = "host"  # the slowest tier the prefix was read from: "host" or "disk"
 
 
 class PrefixStore(Protocol):
     page_size: int
     gdn_interval: int
 
-    def fetch(self, token_ids: list[int]) -> FetchedPrefix | None:
-        """The deepest usable prefix of `token_ids`, fully verified, or None."""
+    def fetch(self, token_ids: list[int], start: int = 0) -> FetchedPrefix | None:
+        """The deepest usable prefix of `token_ids` if it is longer than `start` tokens, fully
+        verified (only pages from `start` on are read), or None."""
 
     def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
         """Store full pages `first_page...` of `token_ids` (kv holds one entry per page)."""

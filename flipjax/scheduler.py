@@ -2,10 +2,17 @@
 
 Each step decodes every running request whose prompt is done (one token each) and spends the
 prefill token budget on chunks, in arrival order: running requests mid-prompt first, then new
-admissions. Admission is FIFO: if the head of the queue does not fit, nothing behind it jumps
-ahead. Pages are allocated as tokens need them. When a decode step needs a page and none is
-free, the newest running request is retracted (pages and slot freed, re-queued at the front);
-it resumes later by recomputing, so no output is lost.
+admissions. Chunks end on the GDN checkpoint grid, so a state exists at every grid point for
+the prefix cache and the store. Admission is FIFO: if the head of the queue does not fit,
+nothing behind it jumps ahead. Pages are allocated as tokens need them.
+
+When pages run short the scheduler climbs a relief ladder, counting every step:
+1. `evicted`: free pages only the device prefix cache holds, least recently used first (their
+   content stays in the store's host tier, which every computed page is published to);
+2. `throttled`: hold back admissions that would leave running decodes no page to grow into;
+3. `retracted`: free the newest running request; it is re-queued at the front and resumes
+   from the deepest cached prefix of its tokens, recomputing the rest, so no output is lost;
+4. `parked`: new work waits in the queue until pages come back.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from dataclasses import dataclass, field
 
 from flipjax.buckets import pages_for
 from flipjax.cache import PagePool, PoolExhausted, SlotPool
+from flipjax.radix_cache import RadixCache
 from flipjax.sequence import Sequence, Status
 
 
@@ -51,6 +59,7 @@ class Scheduler:
         max_prefill_tokens: int,
         chunk_grid: int | None = None,
         on_admit: Callable[[Sequence], None] | None = None,
+        prefix_cache: RadixCache | None = None,
     ):
         self.pages = pages
         self.slots = slots
@@ -61,6 +70,7 @@ class Scheduler:
         self.chunk_grid = chunk_grid
         # Called once a request holds its slot, before its first chunk (e.g. to seed a prefix).
         self.on_admit = on_admit
+        self.prefix_cache = prefix_cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: newest last
         self.counters: Counter[str] = Counter()
@@ -80,7 +90,14 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         while True:
             plan = self._plan()
-            if not plan.empty or not self.running:
+            if not plan.empty:
+                return plan
+            if not self.running:
+                if self.waiting:  # an empty pool that cannot admit would spin forever
+                    raise RuntimeError(
+                        f"scheduler: cannot admit {self.waiting[0].request_id} with no request "
+                        f"running ({self.pages.num_free} of {self.pages.total} pages free)"
+                    )
                 return plan
             # Every running request is stuck mid-prompt on pages: free the newest.
             self._retract(self.running[-1])
@@ -110,7 +127,7 @@ class Scheduler:
             if budget <= 0:
                 break
             if not seq.is_decoding:
-                budget -= self._chunk(seq, budget, plan)
+                budget -= self._chunks(seq, budget, plan)
         # A request just retracted to make room must not be readmitted into that same room.
         admit = self.counters["retracted"] == retracted_before
         while (
@@ -119,7 +136,7 @@ class Scheduler:
             seq = self.waiting[0]
             if self.slots.num_free == 0:
                 break
-            if not self._reserve(seq, seq.num_computed + 1, retract=False):
+            if not self._admissible(seq, len(plan.decode)):
                 break  # FIFO: the head waits for pages, nobody jumps ahead
             self.waiting.popleft()
             seq.slot = self.slots.allocate(seq.request_id)
@@ -128,22 +145,51 @@ class Scheduler:
             self.counters["admitted"] += 1
             if self.on_admit is not None:
                 self.on_admit(seq)
-            budget -= self._chunk(seq, budget, plan)
+            budget -= self._chunks(seq, budget, plan)
         return plan
 
-    def _chunk(self, seq: Sequence, budget: int, plan: StepPlan) -> int:
-        want = min(seq.num_pending, budget)
-        # Take what fits in pages held plus pages free; a partial chunk still makes progress.
-        room = (len(seq.pages) + self.pages.num_free) * self.page_size - seq.num_computed
-        length = min(want, room)
+    def _admissible(self, seq: Sequence, decoding: int) -> bool:
+        """Whether the queue's head can start now: its first page, plus one page of headroom
+        per running decode, must be free (after evicting the prefix cache if need be)."""
+        need = pages_for(seq.num_computed + 1, self.page_size) - len(seq.pages)
+        if self._make_room(need + decoding) < need + decoding:
+            self.counters["parked" if self.pages.num_free < need else "throttled"] += 1
+            return False
+        return self._reserve(seq, seq.num_computed + 1, retract=False)
+
+    def _chunks(self, seq: Sequence, budget: int, plan: StepPlan) -> int:
+        """Plan `seq`'s prefill chunks within `budget`, each ending on the grid; returns the
+        tokens planned."""
+        start, planned = seq.num_computed, 0
+        while planned < budget and start + planned < seq.num_tokens:
+            length = self._chunk(seq, start + planned, budget - planned, plan)
+            if length == 0:
+                break
+            planned += length
+        return planned
+
+    def _chunk(self, seq: Sequence, start: int, budget: int, plan: StepPlan) -> int:
+        length = min(seq.num_tokens - start, budget)
         if self.chunk_grid:
-            next_grid = (seq.num_computed // self.chunk_grid + 1) * self.chunk_grid
-            length = min(length, next_grid - seq.num_computed)
+            next_grid = (start // self.chunk_grid + 1) * self.chunk_grid
+            length = min(length, next_grid - start)
+        # Take what fits in pages held plus pages free; a partial chunk still makes progress.
+        need = pages_for(start + length, self.page_size) - len(seq.pages)
+        self._make_room(need)
+        room = (len(seq.pages) + self.pages.num_free) * self.page_size - start
+        length = min(length, room)
         if length <= 0:
             return 0
-        self._reserve(seq, seq.num_computed + length, retract=False)
-        plan.prefill.append(PrefillChunk(seq, seq.num_computed, length))
+        self._reserve(seq, start + length, retract=False)
+        plan.prefill.append(PrefillChunk(seq, start, length))
         return length
+
+    def _make_room(self, pages: int) -> int:
+        """Evict the prefix cache until `pages` are free, if it can; returns pages free."""
+        short = pages - self.pages.num_free
+        if short > 0 and self.prefix_cache is not None:
+            self.counters["evicted"] += self.prefix_cache.evict_pages(short)
+        return self.pages.num_free
 
     def reserve(self, seq: Sequence, num_tokens: int) -> bool:
         """Make a running request hold pages for `num_tokens` tokens; False if none are free."""
@@ -153,6 +199,7 @@ class Scheduler:
         """Make `seq` hold pages for its first `num_tokens` tokens."""
         need = pages_for(num_tokens, self.page_size) - len(seq.pages)
         while need > 0:
+            self._make_room(need)  # a retracted request's pages stay cached: evict them too
             try:
                 seq.pages.extend(self.pages.allocate(need, seq.request_id))
                 return True

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
+from flipjax import cache_io
 from flipjax.binding import Binding, compile_programs
 from flipjax.cache import CacheState
 from flipjax.model_runner import ModelRunner
@@ -68,15 +70,16 @@ def _move(tree: Any, shardings: Any) -> tuple[Any, float]:
     return moved, (time.perf_counter() - t0) * 1e3
 
 
-def arm(runner: ModelRunner, layout: str | Layout) -> Placement:
+def arm(runner: ModelRunner, layout: str | Layout, state_io: bool = False) -> Placement:
     """Check `layout` and compile everything a flip to it and back would compile.
 
     That is the target's step programs for every serving shape, and the transfer programs
     `jax.device_put` builds to reshard each leaf between the two placements: those are warmed
     by a trial move of the state there and back (results dropped), which also proves the
     target can hold the state before a flip relies on it. Transfers are warmed between the
-    current layout and the target only; arm from the layout you will flip from. The binding
-    is not touched.
+    current layout and the target only; arm from the layout you will flip from. With
+    `state_io`, the programs that move pages and states (prefix cache and store) are warmed
+    on the trial copy too. The binding is not touched.
     """
     placement = placement_for(layout, runner.cfg)
     skeleton = runner.binding.rebind(placement, runner.binding.params, runner.binding.state)
@@ -91,6 +94,8 @@ def arm(runner: ModelRunner, layout: str | Layout) -> Placement:
             there = jax.block_until_ready(jax.device_put(source, _shardings(runner, placement)))
             back = jax.device_put(there, _shardings(runner, current.placement))
             jax.block_until_ready(back)
+            if state_io:  # on a copy: device_put may hand back a leaf already placed there
+                cache_io.warm(jax.tree.map(jnp.copy, there[1]), runner.table_width)
             del there, back
     runner.armed[placement.name] = placement
     return placement

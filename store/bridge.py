@@ -59,21 +59,25 @@ class StoreBridge:
         self.gdn_interval = store.gdn_interval
         self._chains = KeyChains(store.root, store.page_size)
 
-    def fetch(self, token_ids: list[int]) -> FetchedPrefix | None:
+    def fetch(self, token_ids: list[int], start: int = 0) -> FetchedPrefix | None:
         found = self.store.lookup(token_ids)
-        if not found.tokens:
+        if found.tokens <= start:
             return None
-        pages = []
-        for key in found.page_keys:
-            payload = self.store.get(key, Kind.KV_PAGE)
+        pages, tiers = [], set()
+        for key in found.page_keys[start // self.page_size :]:
+            payload, tier = self.store.get_from(key, Kind.KV_PAGE)
             if payload is None:
                 return None
             pages.append(self.layout.decode_kv(payload))
-        state = self.store.get(found.anchor_key, Kind.GDN_ANCHOR)
+            tiers.add(tier)
+        state, tier = self.store.get_from(found.anchor_key, Kind.GDN_ANCHOR)
         if state is None:
             return None
+        tiers.add(tier)
         rec, conv = self.layout.decode_gdn(state)
-        return FetchedPrefix(found.tokens, np.stack(pages), rec, conv)
+        # A prefix that needed the disk anywhere counts as a disk hit: that is its cost.
+        where = "disk" if "disk" in tiers else "host"
+        return FetchedPrefix(found.tokens, np.stack(pages), rec, conv, start, where)
 
     def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
         keys = self._chains.keys(token_ids, first_page + len(kv), resume=first_page)

@@ -19,10 +19,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from flipjax.hybrid import check_interval, is_grid_page, usable_prefix
 from store.disk import DiskTier
 from store.entry import Kind
 from store.host import HostTier
-from store.hybrid import check_interval, is_grid_page, usable_prefix
 from store.keys import page_keys
 
 
@@ -72,18 +72,22 @@ class TieredStore:
 
     def get(self, key: bytes, kind: Kind) -> bytes | None:
         """The verified payload from the nearest tier; a disk hit is promoted to host."""
+        return self.get_from(key, kind)[0]
+
+    def get_from(self, key: bytes, kind: Kind) -> tuple[bytes | None, str | None]:
+        """`get`, and the tier that answered ("host" or "disk"; None for a miss)."""
         payload = self.host.get(key, kind)
         if payload is not None:
             self._count("hits_host")
-            return payload
+            return payload, "host"
         disk = self.disk
         payload = disk.get(key, kind) if disk is not None else None
         if payload is None:
             self._count("misses")
-            return None
+            return None, None
         self._count("hits_disk")
         self.host.put(key, kind, payload)
-        return payload
+        return payload, "disk"
 
     def where(self, key: bytes, kind: Kind) -> str | None:
         if self.host.contains(key, kind):

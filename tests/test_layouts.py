@@ -14,7 +14,11 @@ from sharding import flip as flip_module
 from sharding.layout import PP, TP, LayoutError, parse_layout, placement_for
 
 PROMPTS = [[(i * 7 + 3) % 256 for i in range(n)] for n in (5, 17, 40)]
-OPTIONS = dict(num_pages=64, max_running_requests=4, max_prefill_tokens=32)
+# A grid of 16 tokens: a second run of PROMPTS reuses the device prefix cache, across flips too.
+OPTIONS = dict(
+    num_pages=64, max_running_requests=4, max_prefill_tokens=32, gdn_checkpoint_interval=16,
+    num_slots=16,  # room for every grid state a run leaves
+)  # fmt: skip
 NEW_TOKENS = 24  # enough decode steps for ten round trips in one run
 
 
@@ -91,8 +95,11 @@ def test_flip_mid_generation_both_ways(engine, straight):
     before = engine.compile_count
     assert run(engine, {3: "tp:2"}) == straight  # PP -> TP after prefill, mid-decode
     assert engine.layout == "tp:2"
+    hits = engine.prefix_counters["hit_tokens_device"]
     assert run(engine, {1: "pp:5,3"}) == straight  # TP -> PP mid-prefill
     assert engine.layout == "pp:5,3"
+    # The 17- and 40-token prompts reused cached pages and states written before the flip.
+    assert engine.prefix_counters["hit_tokens_device"] - hits == 16 + 32
     assert engine.compile_count == before, "a flip between armed layouts compiled"
     record = engine.runner.flips[-1]
     assert record.direction == "tp:2->pp:5,3" and record.generation == engine.runner.generation

@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
+from flipjax.hybrid import usable_prefix
 from store.disk import DiskTier
 from store.entry import Kind
 from store.host import HostTier
-from store.hybrid import usable_prefix
 from store.keys import page_keys
 from store.tiered import TieredStore
 
