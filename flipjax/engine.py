@@ -259,12 +259,13 @@ class Engine:
             finished += self._sample(logits, list(plan.decode))
         return [self._finish(s) for s in finished]
 
-    def generated(self, request_id: str) -> list[int]:
-        """The token ids an in-flight request has generated so far (for streaming)."""
+    def generated(self, request_id: str, start: int = 0) -> list[int]:
+        """The token ids an in-flight request has generated from index `start` on (streams
+        ask for what is new since their last read)."""
         seq = self._requests.get(request_id)
         if seq is None:
             raise KeyError(f"request_id: {request_id!r} is not in flight")
-        return list(seq.output_ids)
+        return seq.output_ids[start:]
 
     def abort(self, request_id: str) -> Output:
         """Stop a request now and free its pages and slot."""
@@ -281,6 +282,18 @@ class Engine:
         self.slots.check()
         if self.prefix_cache is not None:
             self.prefix_cache.check()
+
+    def pool_usage(self) -> dict[str, int]:
+        """Pages and slots held by requests, and those only the prefix cache holds."""
+        cache = self.prefix_cache
+        cache_pages = cache.sole_pages() if cache is not None else 0
+        cache_states = cache.num_states if cache is not None else 0
+        return {
+            "pages_requests": self.pages.total - self.pages.num_free - cache_pages,
+            "pages_cache": cache_pages,
+            "slots_requests": self.slots.total - self.slots.num_free - cache_states,
+            "slots_cache": cache_states,
+        }
 
     def flush_prefix_cache(self) -> dict[str, int]:
         """Drop the device prefix cache (requests in flight keep what they use); the store's

@@ -36,3 +36,6 @@ class PrefixStore(Protocol):
 
     def publish_state(self, token_ids: list[int], recurrent: np.ndarray, conv: np.ndarray) -> None:
         """Store the GDN state after the last of `token_ids` (a grid position)."""
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Running counters per tier ("store", "host", "disk"), for metrics."""

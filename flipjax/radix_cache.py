@@ -120,6 +120,10 @@ class RadixCache:
         self._touch(path)
         return True
 
+    def sole_pages(self) -> int:
+        """Pages only the cache holds: what evicting everything would free."""
+        return sum(self.pages.holders(n.page) == {OWNER} for n in self._nodes())
+
     # -- eviction -------------------------------------------------------------------------------
 
     def evict_pages(self, wanted: int) -> int:

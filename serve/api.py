@@ -4,8 +4,9 @@ Routes: `GET /health`; `GET /v1/models`; `POST /v1/completions` and `POST /v1/ch
 (streamed as server-sent events or not, with the usual sampling fields and
 `usage.prompt_tokens_details.cached_tokens`); `POST /generate` (token ids in and out);
 `GET /metrics` (Prometheus); and the admin routes `GET /phase`, `POST /phase_flip {"to": ...}`
-(a flip between two engine steps; requests in flight carry over), `POST /abort_request`, and
-the store's disk-tier control (`serve/store_routes.py`).
+(a flip between two engine steps; requests in flight carry over), `POST /abort_request`,
+`POST /flush_cache` (the device prefix cache), and the store's disk-tier control
+(`serve/store_routes.py`).
 `--api-key` guards the inference routes; `--admin-api-key` guards the admin routes, which
 without a key answer only when the server is bound to loopback. Bad input gets a 4xx in the
 OpenAI error shape naming the field; an engine failure fails its requests with a 500 and the
@@ -250,6 +251,14 @@ def create_app(
             return error(404, f"request_id: {req.request_id!r} is not in flight", "request_id",
                          "not_found")  # fmt: skip
         return JSONResponse({"aborted": req.request_id})
+
+    @app.post("/flush_cache")
+    async def flush_cache(request: Request) -> Response:
+        """Drop the device prefix cache; the store's host and disk tiers keep their entries."""
+        if (refused := refusal(request, admin=True)) is not None:
+            return refused
+        flushed = await asyncio.to_thread(loop.call, lambda e: e.flush_prefix_cache())
+        return JSONResponse({"flushed": flushed})
 
     add_store_routes(app, engine, loop, store_control, lambda r: refusal(r, admin=True))
     return app

@@ -26,9 +26,10 @@ log = logging.getLogger("flipjax.serve")
 
 @dataclass
 class Update:
-    """What a subscriber learns after a step: the tokens generated so far, or the end."""
+    """What a subscriber learns after a step: the tokens generated since its last update, or
+    the end."""
 
-    token_ids: list[int]
+    new_ids: list[int]
     output: Output | None = None  # set once, when the request finished
     error: str | None = None  # set when the request failed inside the engine
 
@@ -123,7 +124,7 @@ class EngineLoop:
         if req is None:
             return False
         out = self.engine.abort(request_id)
-        req.notify(Update(out.token_ids, output=out))
+        req.notify(Update([], output=out))
         return True
 
     def _step(self) -> None:
@@ -144,9 +145,9 @@ class EngineLoop:
         for out in finished:
             req = self._live.pop(out.request_id, None)
             if req is not None:
-                req.notify(Update(out.token_ids, output=out))
+                req.notify(Update([], output=out))
         for rid, req in self._live.items():
-            ids = self.engine.generated(rid)
-            if len(ids) > req.sent:
-                req.sent = len(ids)
+            ids = self.engine.generated(rid, req.sent)
+            if ids:
+                req.sent += len(ids)
                 req.notify(Update(ids))

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from flipjax.engine import Engine, Output
 
+TIERS = ("device", "host", "disk")
+RELIEF_STEPS = ("evicted", "throttled", "retracted", "parked")
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -40,15 +42,38 @@ class Metrics:
         self.finished = Counter(
             "flipjax:request_success", "Finished requests", ["finish_reason"], registry=r
         )
-        self.kv_pages = Gauge("flipjax:kv_pages_used", "KV pages in use", registry=r)
-        self.gdn_slots = Gauge("flipjax:gdn_slots_used", "GDN state slots in use", registry=r)
-        self.retractions = Gauge(
-            "flipjax:retractions", "Requests retracted when pages ran short (total)", registry=r
+        self.kv_pages = Gauge("flipjax:kv_pages_used", "KV pages requests hold", registry=r)
+        self.gdn_slots = Gauge("flipjax:gdn_slots_used", "GDN slots requests hold", registry=r)
+        self.cache_pages = Gauge(
+            "flipjax:prefix_cache_pages", "KV pages only the device prefix cache holds", registry=r
         )
+        self.cache_states = Gauge(
+            "flipjax:prefix_cache_states", "GDN states the device prefix cache holds", registry=r
+        )
+        self.prefix_hits = Counter(
+            "flipjax:prefix_hits", "Admissions that reused a cached prefix, by tier", ["tier"],
+            registry=r,
+        )  # fmt: skip
+        self.prefix_hit_tokens = Counter(
+            "flipjax:prefix_hit_tokens", "Prompt tokens reused instead of computed, by tier",
+            ["tier"], registry=r,
+        )  # fmt: skip
+        self.prefix_misses = Counter(
+            "flipjax:prefix_misses", "Admissions with no reusable prefix", registry=r
+        )
+        self.relief = Counter(
+            "flipjax:relief_steps", "Relief-ladder steps taken when pages ran short", ["step"],
+            registry=r,
+        )  # fmt: skip
+        self.store = Counter(
+            "flipjax:store_events", "KV store counters, by tier and event", ["tier", "event"],
+            registry=r,
+        )  # fmt: skip
         self.flips = Counter("flipjax:flips", "Layout flips", ["direction"], registry=r)
         self.flip_seconds = Counter("flipjax:flip_seconds", "Time spent flipping", registry=r)
         self.layout = Gauge("flipjax:layout", "The current layout (1)", ["layout"], registry=r)
         self._flips_seen = 0
+        self._totals: dict[int, int] = {}
 
     def request_finished(self, out: Output) -> None:
         self.prompt_tokens.inc(len(out.prompt_token_ids))
@@ -64,9 +89,22 @@ class Metrics:
         """Refresh the engine-state metrics; call on the engine loop thread."""
         self.running.set(len(engine.scheduler.running))
         self.waiting.set(len(engine.scheduler.waiting))
-        self.kv_pages.set(engine.pages.total - engine.pages.num_free)
-        self.gdn_slots.set(engine.slots.total - engine.slots.num_free)
-        self.retractions.set(engine.scheduler.counters["retracted"])
+        usage = engine.pool_usage()
+        self.kv_pages.set(usage["pages_requests"])
+        self.gdn_slots.set(usage["slots_requests"])
+        self.cache_pages.set(usage["pages_cache"])
+        self.cache_states.set(usage["slots_cache"])
+        prefix = engine.prefix_counters
+        for tier in TIERS:
+            self._advance(self.prefix_hits.labels(tier), prefix[f"hits_{tier}"])
+            self._advance(self.prefix_hit_tokens.labels(tier), prefix[f"hit_tokens_{tier}"])
+        self._advance(self.prefix_misses, prefix["misses"])
+        for step in RELIEF_STEPS:
+            self._advance(self.relief.labels(step), engine.scheduler.counters[step])
+        stats = engine.prefix_store.stats() if engine.prefix_store is not None else {}
+        for tier, counters in stats.items():
+            for event, total in counters.items():
+                self._advance(self.store.labels(tier, event), total)
         flips = engine.runner.flips
         for record in flips[self._flips_seen :]:
             self.flips.labels(record.direction).inc()
@@ -74,6 +112,13 @@ class Metrics:
         self._flips_seen = len(flips)
         self.layout.clear()
         self.layout.labels(engine.layout).set(1)
+
+    def _advance(self, counter: Any, total: int) -> None:
+        """Bring a Prometheus counter up to an engine-side running total."""
+        seen = self._totals.get(id(counter), 0)
+        if total > seen:
+            counter.inc(total - seen)
+        self._totals[id(counter)] = max(seen, total)
 
     def render(self) -> Any:
         return generate_latest(self.registry)

@@ -51,7 +51,7 @@ async def stream(
                 on_finish(out)
                 yield _event(build(text.finish(out.text), out.finish_reason, usage(out)))
                 break
-            delta = text.update(update.token_ids)
+            delta = text.update(update.new_ids)
             if delta:
                 yield _event(build(delta, None, None))
         yield "data: [DONE]\n\n"

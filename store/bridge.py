@@ -79,6 +79,9 @@ class StoreBridge:
         where = "disk" if "disk" in tiers else "host"
         return FetchedPrefix(found.tokens, np.stack(pages), rec, conv, start, where)
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        return self.store.stats()
+
     def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
         keys = self._chains.keys(token_ids, first_page + len(kv), resume=first_page)
         for key, page in zip(keys[first_page:], kv, strict=True):

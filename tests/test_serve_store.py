@@ -1,12 +1,14 @@
-"""The server over the KV store: a repeated prompt is served from the host tier, and after a
-restart over the same `--store-dir` from disk, with identical greedy output; the disk tier can
-be resized, detached and attached again while serving."""
+"""The server's prefix reuse: a repeated prompt is served from the device cache, after
+`/flush_cache` from the store's host tier, and after a restart over the same `--store-dir` from
+disk, with identical greedy output each time; the disk tier can be resized, detached and
+attached again while serving."""
 
 from __future__ import annotations
 
 import httpx
 
-from tests.test_serve import SMALL, start_server
+from serve.metrics import TIERS
+from tests.test_serve import SMALL, metric, start_server
 
 PROMPT = "".join(chr(97 + (i * 7) % 26) for i in range(90))  # 90 tokens: two 32-token grids
 
@@ -18,16 +20,28 @@ def complete(base: str) -> dict:
     return r.json()
 
 
-def test_store_hits_across_requests_and_a_restart(tmp_path):
+def hits(base: str) -> dict[str, float]:
+    """Admissions served from each tier so far, and misses, from `/metrics`."""
+    found = {t: metric(base, f'flipjax:prefix_hits_total{{tier="{t}"}}') for t in TIERS}
+    return {**found, "misses": metric(base, "flipjax:prefix_misses_total")}
+
+
+def test_prefix_hits_from_device_host_and_disk(tmp_path):
     flags = ("--store-dir", str(tmp_path / "store"), "--gdn-checkpoint-interval", "32", *SMALL)
     with open(tmp_path / "a.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:
         cold = complete(base)
         assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        warm = complete(base)  # from the host tier
-        assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
-        assert warm["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
+        assert hits(base) == {"device": 0, "host": 0, "disk": 0, "misses": 1}
+        for tier in ("device", "host"):
+            if tier == "host":
+                r = httpx.post(f"{base}/flush_cache", timeout=30)
+                assert r.status_code == 200 and r.json()["flushed"]["states"] > 0
+            warm = complete(base)
+            assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+            assert warm["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
+            assert hits(base)[tier] == 1, tier
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -35,9 +49,10 @@ def test_store_hits_across_requests_and_a_restart(tmp_path):
     with open(tmp_path / "b.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:
-        again = complete(base)  # a fresh host tier: this hit can only come from disk
+        again = complete(base)  # a fresh device and host tier: this hit can only come from disk
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
         assert again["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
+        assert hits(base) == {"device": 0, "host": 0, "disk": 1, "misses": 0}
         route = f"{base}/hicache/storage-backend"
         state = httpx.get(route, timeout=30).json()
         assert state["disk"]["used_bytes"] > 0
