@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--admin-api-key", default=None,
                    help="Bearer key for phase routes (without one they answer on loopback only)")
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--num-pages", type=int, default=1024, help="KV pages in the device pool")
     p.add_argument("--max-running-requests", type=int, default=32)
     p.add_argument("--max-prefill-tokens", type=int, default=2048)
     p.add_argument("--store-dir", default="~/.cache/flipjax/store",
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     bridge, control = _open_store(args, log)
     engine = Engine.from_pretrained(
         args.model, dtype=args.dtype, layout=args.layout, prefix_store=bridge,
-        page_size=args.page_size, max_running_requests=args.max_running_requests,
+        page_size=args.page_size, num_pages=args.num_pages,
+        max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens,
     )  # fmt: skip
     cfg = engine.config
@@ -77,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     log.info(
         "pools: %d KV pages of %d tokens, %d GDN slots; at most %d running requests",
         engine.pages.total, args.page_size, engine.slots.total, args.max_running_requests,
+    )  # fmt: skip
+    cache = engine.prefix_cache
+    log.info(
+        "prefix cache: %s", "off" if cache is None else
+        f"device radix tree, up to {cache.max_states} GDN states on a {cache.interval}-token grid",
     )  # fmt: skip
     app = create_app(engine, args.host, args.api_key, args.admin_api_key, template, control)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
