@@ -64,6 +64,17 @@ class Output:
     cached_tokens: int = 0  # prompt tokens taken from the prefix store, not computed
 
 
+@dataclass(frozen=True)
+class StepStats:
+    """What the last step did, for throughput measurement (sampling syncs, so `seconds` is
+    the step's real time)."""
+
+    layout: str
+    prefill_tokens: int
+    decode_rows: int
+    seconds: float
+
+
 def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
     if isinstance(dtype, str):
         if dtype not in DTYPES:
@@ -118,6 +129,7 @@ class Engine:
             self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens, placement,
         )  # fmt: skip
         self._requests: dict[str, Sequence] = {}
+        self.last_step: StepStats | None = None
         self._ids = itertools.count()
         self._forward = jax.jit(
             functools.partial(forward, self.graphdef),
@@ -241,6 +253,7 @@ class Engine:
 
     def step(self) -> list[Output]:
         """Run one scheduler step; returns the requests that finished in it."""
+        t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         finished: list[Sequence] = []
         for c in plan.prefill:
@@ -257,7 +270,12 @@ class Engine:
                 s.num_computed += 1
                 self._publish(s, s.num_computed - 1)
             finished += self._sample(logits, list(plan.decode))
-        return [self._finish(s) for s in finished]
+        outputs = [self._finish(s) for s in finished]
+        self.last_step = StepStats(
+            self.layout, sum(c.length for c in plan.prefill), len(plan.decode),
+            time.perf_counter() - t0,
+        )  # fmt: skip
+        return outputs
 
     def generated(self, request_id: str, start: int = 0) -> list[int]:
         """The token ids an in-flight request has generated from index `start` on (streams

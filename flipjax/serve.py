@@ -20,6 +20,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...]")
     p.add_argument("--arm", action="append", default=[], metavar="LAYOUT",
                    help="compile a layout's programs at start, so a flip to it compiles nothing")
+    p.add_argument("--phase-policy", default="manual", choices=["manual", "auto"],
+                   help="auto: flip by measured throughput between --layout (the prefill "
+                   "layout) and the one --arm layout (the decode layout)")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip compiling every step shape at start (serving then compiles on "
                    "first use of each shape)")
@@ -39,7 +42,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", default="info")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.phase_policy == "auto" and len(args.arm) != 1:
+        p.error(
+            f"--phase-policy auto needs exactly one --arm layout (the decode layout), "
+            f"got {len(args.arm)}"
+        )
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     for layout in args.arm:
         engine.arm(layout)
         log.info("armed layout %s", layout)
+    autopilot = _autopilot(args, engine, log)
     from serve.chat import load_template
 
     template = load_template(None if args.model == "tiny" else args.model)
@@ -85,8 +95,30 @@ def main(argv: list[str] | None = None) -> None:
         "prefix cache: %s", "off" if cache is None else
         f"device radix tree, up to {cache.max_states} GDN states on a {cache.interval}-token grid",
     )  # fmt: skip
-    app = create_app(engine, args.host, args.api_key, args.admin_api_key, template, control)
+    app = create_app(
+        engine, args.host, args.api_key, args.admin_api_key, template, control, autopilot
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+def _autopilot(args: argparse.Namespace, engine: Any, log: logging.Logger) -> Any:
+    """The automatic phase policy, calibrated in both layouts; None when manual."""
+    if args.phase_policy == "manual":
+        return None
+    from sharding.autopilot import Autopilot
+    from sharding.policy import PolicyConfig
+
+    autopilot = Autopilot(PolicyConfig(prefill_layout=engine.layout, decode_layout=args.arm[0]))
+    t0 = time.perf_counter()
+    autopilot.calibrate(engine)
+    measured = autopilot.throughput().items()
+    rates = {k: (round(v.prefill_tps), round(v.decode_tps)) for k, v in measured}
+    log.info(
+        "phase policy auto: prefill in %s, decode in %s; calibrated in %.1f s, "
+        "(prefill, decode) tokens/s %s", engine.layout, args.arm[0],
+        time.perf_counter() - t0, rates,
+    )  # fmt: skip
+    return autopilot
 
 
 def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any]:

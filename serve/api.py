@@ -3,7 +3,8 @@
 Routes: `GET /health`; `GET /v1/models`; `POST /v1/completions` and `POST /v1/chat/completions`
 (streamed as server-sent events or not, with the usual sampling fields and
 `usage.prompt_tokens_details.cached_tokens`); `POST /generate` (token ids in and out);
-`GET /metrics` (Prometheus); and the admin routes `GET /phase`, `POST /phase_flip {"to": ...}`
+`GET /metrics` (Prometheus); and the admin routes `GET /phase` (with the phase policy's state),
+`POST /phase_flip {"to": ...}`
 (a flip between two engine steps; requests in flight carry over), `POST /abort_request`,
 `POST /flush_cache` (the device prefix cache), and the store's disk-tier control
 (`serve/store_routes.py`).
@@ -46,6 +47,7 @@ from serve.protocol import (
 )
 from serve.store_routes import StoreControl, add_store_routes
 from serve.streaming import ChunkBuilder, collect, stream
+from sharding.autopilot import Autopilot
 
 Submitted = tuple[str, asyncio.Queue[Update]]
 
@@ -57,9 +59,10 @@ def create_app(
     admin_key: str | None = None,
     chat_template: str = DEFAULT_TEMPLATE,
     store_control: StoreControl | None = None,
+    autopilot: Autopilot | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flipjax")
-    loop = EngineLoop(engine)
+    loop = EngineLoop(engine, autopilot)
     metrics = Metrics()
     template = ChatTemplate(chat_template)
     app.state.loop = loop
@@ -222,11 +225,14 @@ def create_app(
         await asyncio.to_thread(loop.call, metrics.read_engine)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def phase_state(e: Engine) -> dict[str, Any]:
+        return _phase(e, autopilot)
+
     @app.get("/phase")
     async def phase(request: Request) -> Response:
         if (refused := refusal(request, admin=True)) is not None:
             return refused
-        return JSONResponse(await asyncio.to_thread(loop.call, _phase))
+        return JSONResponse(await asyncio.to_thread(loop.call, phase_state))
 
     @app.post("/phase_flip")
     async def phase_flip(request: Request) -> Response:
@@ -239,7 +245,7 @@ def create_app(
             return bad_request(f"to: {e}", "to")
         except RuntimeError as e:  # FlipError: failed before the swap; the old layout serves
             return error(500, str(e), "to", "internal_error")
-        return JSONResponse(await asyncio.to_thread(loop.call, _phase))
+        return JSONResponse(await asyncio.to_thread(loop.call, phase_state))
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
@@ -264,10 +270,14 @@ def create_app(
     return app
 
 
-def _phase(engine: Engine) -> dict[str, Any]:
+def _phase(engine: Engine, autopilot: Autopilot | None) -> dict[str, Any]:
     flips = engine.runner.flips
     last = None if not flips else {**asdict(flips[-1]), "direction": flips[-1].direction}
-    return {"layout": engine.layout, "generation": engine.runner.generation, "last_flip": last}
+    policy = autopilot.describe() if autopilot is not None else {"policy": "manual"}
+    return {
+        "layout": engine.layout, "generation": engine.runner.generation, "last_flip": last,
+        "policy": policy,
+    }  # fmt: skip
 
 
 def _resolve(host: str) -> str:

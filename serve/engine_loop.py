@@ -4,7 +4,9 @@ Requests from any thread are queued as commands; the loop admits them, runs `eng
 while there is work (continuous batching across clients), and after each step pushes every
 request's new tokens to its subscriber. Aborts and layout flips are commands too, so a flip
 happens between two steps (the step is quiesced by construction) and requests in flight carry
-over. A failing step fails the requests it ran, with the error, and the loop keeps serving.
+over; with the automatic phase policy on, the loop also measures each step and lets the policy
+flip between two steps. A failing step fails the requests it ran, with the error, and the loop
+keeps serving.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from flipjax.engine import Engine, Output
 from flipjax.sampling import SamplingParams
+from sharding.autopilot import Autopilot
 
 log = logging.getLogger("flipjax.serve")
 
@@ -45,8 +48,9 @@ class _Request:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, autopilot: Autopilot | None = None):
         self.engine = engine
+        self.autopilot = autopilot  # the automatic phase policy, if on
         self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
         self._live: dict[str, _Request] = {}
         self._stop = threading.Event()
@@ -142,6 +146,8 @@ class EngineLoop:
                 req.notify(Update([], error=f"internal error: {err}"))
             return
         self.steps += 1
+        if self.autopilot is not None:
+            self._pilot(self.autopilot)
         for out in finished:
             req = self._live.pop(out.request_id, None)
             if req is not None:
@@ -151,3 +157,12 @@ class EngineLoop:
             if ids:
                 req.sent += len(ids)
                 req.notify(Update(ids))
+
+    def _pilot(self, autopilot: Autopilot) -> None:
+        autopilot.observe(self.engine.last_step)
+        try:
+            autopilot.tick(self.engine)
+        except Exception as err:  # noqa: BLE001 - a refused or failed flip keeps the old layout
+            autopilot.counters["refusals"] += 1
+            autopilot.last_decision = f"flip failed, staying: {err}"
+            log.error("phase policy: %s", err)
