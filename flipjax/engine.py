@@ -18,7 +18,7 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from flipjax.radix_cache import RadixCache
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams
 from flipjax.scheduler import Scheduler
 from flipjax.sequence import Sequence, TokenLogprob
+from flipjax.sessions import CheckpointBook, CheckpointError, CheckpointState, Session, snap
 from flipjax.stopping import append_token
 from flipjax.tiny import TINY_NAME, tiny_model
 from flipjax.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -93,6 +94,7 @@ class Engine:
         engine_config: EngineConfig | None = None,
         prefix_store: PrefixStore | None = None,
         layout: str | None = None,
+        checkpoints: CheckpointBook | None = None,
     ):
         self.config: ModelConfig = model.cfg
         self.engine_config = ec = engine_config or EngineConfig()
@@ -129,6 +131,8 @@ class Engine:
             self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens, placement,
         )  # fmt: skip
         self._requests: dict[str, Sequence] = {}
+        self.checkpoints = checkpoints
+        self.sessions: dict[str, Session] = {}
         self.last_step: StepStats | None = None
         self._ids = itertools.count()
         self._forward = jax.jit(
@@ -144,6 +148,7 @@ class Engine:
         dtype: str | jnp.dtype = "float32",
         layout: str | None = None,
         prefix_store: PrefixStore | None = None,
+        checkpoints: CheckpointBook | None = None,
         **engine_options: int | None,
     ) -> Engine:
         """`path` is a HF checkpoint folder, an orbax folder written by `python -m flipjax.ckpt
@@ -152,13 +157,16 @@ class Engine:
 
         `layout` places the state (`tp:2`, `pp:5,3`, ...; see `sharding.layout`); the default
         is one device. `prefix_store` seeds requests from stored prefixes and receives computed
-        pages. `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
+        pages; `checkpoints` (a book over that store) enables session checkpoints.
+        `engine_options` are `EngineConfig` fields (page_size, num_pages, ...).
         """
         jdtype = parse_dtype(dtype)
         ec = EngineConfig(**engine_options)
         if path == TINY_NAME:
             model = tiny_model(jdtype)
-            return cls(model, ByteTokenizer(), TINY_NAME, jdtype, ec, prefix_store, layout)
+            return cls(
+                model, ByteTokenizer(), TINY_NAME, jdtype, ec, prefix_store, layout, checkpoints
+            )
         if not os.path.isdir(path):
             raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
         cfg = ModelConfig.from_hf(path)
@@ -175,7 +183,7 @@ class Engine:
         model = nnx.merge(graphdef, params)
         tokenizer = load_tokenizer(path, cfg.eos_token_id)
         name = os.path.basename(os.path.normpath(path))
-        return cls(model, tokenizer, name, jdtype, ec, prefix_store, layout)
+        return cls(model, tokenizer, name, jdtype, ec, prefix_store, layout, checkpoints)
 
     # -- layout ---------------------------------------------------------------------------------
 
@@ -230,20 +238,36 @@ class Engine:
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
         max_new_tokens: int = 16,
+        session_id: str | None = None,
+        chat: list[dict[str, str]] | None = None,
     ) -> str:
-        """Queue a request; returns its id. Refusals raise ValueError and queue nothing."""
+        """Queue a request; returns its id. Refusals raise ValueError and queue nothing.
+
+        With `session_id`, the request is the session's next turn: its prompt follows the
+        session's tokens (unless `chat` is given: then the prompt was rendered from the whole
+        conversation, `chat`), and the session takes its tokens when it finishes.
+        """
         params = sampling if sampling is not None else SamplingParams.greedy()
         ids = self.encode_prompt(prompt)
+        session = self.sessions.get(session_id) if session_id is not None else None
+        if session is not None and chat is None:
+            ids = session.token_ids + ids
+        seed = params.seed if params.seed is not None else secrets.randbits(32)
+        seq = Sequence("", ids, params, 0, seed, session_id=session_id, chat=chat)
+        return self._enqueue(seq, params, max_new_tokens, request_id)
+
+    def _enqueue(
+        self, seq: Sequence, params: SamplingParams, max_new_tokens: int, request_id: str | None
+    ) -> str:
         max_tokens = params.max_tokens if params.max_tokens is not None else max_new_tokens
         if max_tokens <= 0:
             name = "max_tokens" if params.max_tokens is not None else "max_new_tokens"
             raise ValueError(f"{name}: must be positive, got {max_tokens}")
-        self._check_length(len(ids) + max_tokens)
+        self._check_length(seq.num_tokens + max_tokens)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise ValueError(f"request_id: {request_id!r} is already in flight")
-        seed = params.seed if params.seed is not None else secrets.randbits(32)
-        seq = Sequence(request_id, ids, params, max_tokens, seed)
+        seq.request_id, seq.max_tokens = request_id, seq.carried + max_tokens
         self.scheduler.add(seq)
         self._requests[request_id] = seq
         return request_id
@@ -283,7 +307,7 @@ class Engine:
         seq = self._requests.get(request_id)
         if seq is None:
             raise KeyError(f"request_id: {request_id!r} is not in flight")
-        return seq.output_ids[start:]
+        return seq.output_ids[seq.carried + start :]
 
     def abort(self, request_id: str) -> Output:
         """Stop a request now and free its pages and slot."""
@@ -337,6 +361,95 @@ class Engine:
     @property
     def compile_count(self) -> int:
         return self.runner.compiles.count
+
+    # -- sessions and checkpoints ---------------------------------------------------------------
+
+    def checkpoint(
+        self,
+        request_id: str | None = None,
+        session_id: str | None = None,
+        position: int | None = None,
+        quiesce: bool = False,
+    ) -> dict[str, Any]:
+        """Checkpoint a request in flight (only with `quiesce`: it is paused at this step
+        boundary, checkpointed and resumes) or a session, at `position` tokens (default: all of
+        them). Returns the checkpoint's summary; refusals raise CheckpointError or KeyError."""
+        book = self._book()
+        if (request_id is None) == (session_id is None):
+            raise CheckpointError("checkpoint: name exactly one of request_id and session_id")
+        if request_id is not None:
+            seq = self._requests.get(request_id)
+            if seq is None:
+                raise KeyError(f"request_id: {request_id!r} is not in flight")
+            if not quiesce:
+                raise CheckpointError(
+                    f"quiesce: request {request_id!r} is still generating; pass quiesce to "
+                    "pause it at a step boundary for the checkpoint"
+                )
+            tokens, computed = seq.all_ids, seq.num_computed
+            prompt_len, params, seed, chat = len(seq.prompt_ids), seq.params, seq.seed, seq.chat
+        else:
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise KeyError(f"session_id: {session_id!r} is not a session")
+            tokens, computed = session.token_ids, len(session.token_ids) - 1  # last one unfed
+            prompt_len, params, seed = session.prompt_len, session.sampling, session.seed
+            chat = session.chat
+        requested = len(tokens) if position is None else position
+        if not 0 < requested <= len(tokens):
+            raise CheckpointError(f"position: {requested} is outside 1..{len(tokens)}")
+        used = snap(requested, computed, self.gdn_interval)
+        if used == 0:
+            raise CheckpointError(
+                f"position: {requested} snaps to 0 on the {self.gdn_interval}-token GDN grid; "
+                "there is no state to resume from"
+            )
+        state = CheckpointState(
+            tokens[:requested], min(prompt_len, requested), used, params, seed, chat
+        )
+        return book.create(state)
+
+    def branch(
+        self,
+        checkpoint_id: str,
+        sampling: SamplingParams | None = None,
+        max_new_tokens: int = 16,
+        request_id: str | None = None,
+        session_id: str | None = None,
+        prompt: str | list[int] | None = None,
+    ) -> str:
+        """Queue a request that continues from a checkpoint; returns its id.
+
+        Without `prompt` it continues the checkpointed generation exactly (same sampling and
+        RNG state unless `sampling` overrides them); with one, the checkpoint's tokens become
+        the context of a new turn. Every reference is verified before anything is seeded."""
+        state = self._book().load(checkpoint_id)
+        params = sampling if sampling is not None else state.sampling.replace(max_tokens=None)
+        if prompt is not None:
+            ids = state.token_ids + self.encode_prompt(prompt)
+            seed = params.seed if params.seed is not None else secrets.randbits(32)
+            seq = Sequence("", ids, params, 0, seed, session_id=session_id)
+        else:
+            seed = params.seed if params.seed is not None else state.seed
+            seq = Sequence(
+                "", state.token_ids[: state.prompt_len], params, 0, seed,
+                output_ids=state.token_ids[state.prompt_len :], session_id=session_id,
+                chat=state.chat,
+            )  # fmt: skip
+            seq.carried = len(seq.output_ids)
+        return self._enqueue(seq, params, max_new_tokens, request_id)
+
+    def rewind(self, session_id: str, checkpoint_id: str) -> None:
+        """Make `session_id` continue from a checkpoint (creating the session if need be)."""
+        state = self._book().load(checkpoint_id)
+        self.sessions[session_id] = Session(
+            list(state.token_ids), state.prompt_len, state.sampling, state.seed, state.chat
+        )
+
+    def _book(self) -> CheckpointBook:
+        if self.checkpoints is None:
+            raise CheckpointError("checkpoint: this engine has no store to keep checkpoints in")
+        return self.checkpoints
 
     # -- offline API ----------------------------------------------------------------------------
 
@@ -483,11 +596,21 @@ class Engine:
         seq.finish_time = time.perf_counter()
         if not seq.params.stop or seq.finish_reason != "stop":
             seq.text = self.tokenizer.decode(seq.output_ids)
+        new_ids = seq.output_ids[seq.carried :]
+        text = seq.text
+        if seq.carried:  # a branch answers with what it generated, not what it carried
+            before = self.tokenizer.decode(seq.output_ids[: seq.carried])
+            text = text[len(before) :] if text.startswith(before) else ""
+        if seq.session_id is not None and seq.finish_reason != "abort":
+            self.sessions[seq.session_id] = Session(
+                seq.all_ids, len(seq.prompt_ids), seq.params, seq.seed,
+                None if seq.chat is None else [*seq.chat, {"role": "assistant", "content": text}],
+            )  # fmt: skip
         return Output(
             request_id=seq.request_id,
-            prompt_token_ids=seq.prompt_ids,
-            token_ids=list(seq.output_ids),
-            text=seq.text,
+            prompt_token_ids=seq.all_ids[: len(seq.prompt_ids) + seq.carried],
+            token_ids=new_ids,
+            text=text,
             finish_reason=seq.finish_reason or "abort",
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
             ttft_s=None

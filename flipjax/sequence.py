@@ -41,6 +41,9 @@ class Sequence:
     slot: int | None = None
     num_computed: int = 0
     cached_tokens: int = 0  # prompt tokens seeded from a prefix cache instead of computed
+    carried: int = 0  # output_ids generated before this request (a branch of a checkpoint)
+    session_id: str | None = None  # the session this turn extends when it finishes
+    chat: list[dict[str, str]] | None = None  # the chat messages the prompt was rendered from
     status: Status = Status.WAITING
     finish_reason: str | None = None
     text: str = ""

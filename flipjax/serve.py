@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     from serve.api import create_app
 
     log = logging.getLogger("flipjax.serve")
-    bridge, control = _open_store(args, log)
+    bridge, book, control = _open_store(args, log)
     engine = Engine.from_pretrained(
-        args.model, dtype=args.dtype, layout=args.layout, prefix_store=bridge,
+        args.model, dtype=args.dtype, layout=args.layout, prefix_store=bridge, checkpoints=book,
         page_size=args.page_size, num_pages=args.num_pages,
         max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens,
@@ -121,13 +121,13 @@ def _autopilot(args: argparse.Namespace, engine: Any, log: logging.Logger) -> An
     return autopilot
 
 
-def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any]:
+def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any, Any]:
     """The KV store behind the engine, keyed by the model's config, weights and KV dtype."""
     from flipjax.config import ModelConfig
     from flipjax.tiny import TINY_NAME, TINY_SEED, tiny_config
     from serve.store_routes import StoreControl
     from store.keys import files_fingerprint
-    from store.open import disk_folder, open_store
+    from store.open import disk_folder, open_checkpoints, open_store
 
     if args.model == TINY_NAME:
         cfg, weights_id = tiny_config(), f"tiny-seed-{TINY_SEED}"
@@ -143,7 +143,11 @@ def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any
         "store: host %.1f GiB, disk %s (%.1f GiB), GDN state every %d tokens",
         args.host_cache_gb, where, args.disk_cache_gb, args.gdn_checkpoint_interval,
     )  # fmt: skip
-    return bridge, StoreControl(identity.digest(), None if store_dir is None else where)
+    book = open_checkpoints(bridge, identity, store_dir)
+    log.info(
+        "session checkpoints: %d loaded from %s", len(book.list()), book.folder or "memory only"
+    )
+    return bridge, book, StoreControl(identity.digest(), None if store_dir is None else where)
 
 
 if __name__ == "__main__":

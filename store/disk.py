@@ -7,7 +7,8 @@ worker writes. Every read verifies the header and the
 checksum; a bad file is moved to `quarantine/` and counted, and the read is a miss. The index
 (sizes and LRU order) is rebuilt by scanning at open; leftovers in `tmp/` are incomplete writes
 and are removed. Eviction keeps the tier under its byte budget and the file system above its
-free-space watermark; a write that cannot fit is refused and counted, never half-done.
+free-space watermark, passing over entries pinned by session checkpoints; a write that cannot
+fit is refused and counted, never half-done.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class DiskTier(StoreTier):
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # name -> file size, LRU first
+        self._pins: Counter[str] = Counter()  # held by session checkpoints: never evicted
         self._used = 0
         self.last_corruption: str | None = None
         for sub in ("entries", "tmp", "quarantine"):
@@ -143,6 +145,21 @@ class DiskTier(StoreTier):
             self._remove(name)
             return True
 
+    def pin(self, key: bytes, kind: Kind) -> None:
+        """Keep an entry from eviction, whether it is written yet or not (a queued write lands
+        pinned); pins are counted, so two checkpoints may hold one entry."""
+        with self._lock:
+            self._pins[entry_name(key, gdn=kind == Kind.GDN_ANCHOR)] += 1
+
+    def unpin(self, key: bytes, kind: Kind) -> None:
+        name = entry_name(key, gdn=kind == Kind.GDN_ANCHOR)
+        with self._lock:
+            if self._pins[name] <= 0:
+                raise RuntimeError(f"disk: unpin of {name[:16]} which is not pinned")
+            self._pins[name] -= 1
+            if not self._pins[name]:
+                del self._pins[name]
+
     def entries(self) -> list[tuple[bytes, Kind]]:
         """Every indexed entry's key and kind, least recently used first."""
         with self._lock:
@@ -182,10 +199,10 @@ class DiskTier(StoreTier):
         self._make_room(0)
 
     def _make_room(self, incoming: int) -> bool:
-        while self._index and (
-            self._used + incoming > self._budget or not self._enough_free(incoming)
-        ):
-            oldest = next(iter(self._index))
+        while self._used + incoming > self._budget or not self._enough_free(incoming):
+            oldest = next((n for n in self._index if not self._pins[n]), None)
+            if oldest is None:
+                break  # only pinned entries are left
             self._remove(oldest)
             self.counters["evictions"] += 1
         return self._used + incoming <= self._budget and self._enough_free(incoming)

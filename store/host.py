@@ -67,9 +67,10 @@ class HostTier(StoreTier):
         with self._lock:
             return (key, kind) in self._entries
 
-    def delete(self, key: bytes, kind: Kind) -> bool:
+    def delete(self, key: bytes, kind: Kind, force: bool = False) -> bool:
+        """Remove an entry; a pinned one only with `force` (its pin stays counted)."""
         with self._lock:
-            if (key, kind) not in self._entries or self._pins[(key, kind)]:
+            if (key, kind) not in self._entries or (self._pins[(key, kind)] and not force):
                 return False
             self._used -= len(self._entries.pop((key, kind)))
             return True

@@ -11,6 +11,7 @@ import os
 
 from flipjax.config import ModelConfig
 from store.bridge import StoreBridge
+from store.checkpoints import CheckpointBook
 from store.disk import DiskTier
 from store.host import HostTier
 from store.keys import ModelIdentity, root_key
@@ -40,3 +41,14 @@ def open_store(
         disk = DiskTier(disk_folder(store_dir, identity), identity.digest(), disk_bytes)
     store = TieredStore(root_key(identity), page_size, gdn_interval, HostTier(host_bytes), disk)
     return StoreBridge(store, PayloadLayout.for_model(cfg, page_size, kv_dtype)), identity
+
+
+def open_checkpoints(
+    bridge: StoreBridge, identity: ModelIdentity, store_dir: str | None
+) -> CheckpointBook:
+    """The session checkpoint book over `bridge`'s store: manifests in the model's folder
+    under `store_dir` (beside the disk tier's entries), or in memory without one."""
+    folder = None
+    if store_dir is not None:
+        folder = os.path.join(disk_folder(store_dir, identity), "manifests")
+    return CheckpointBook(bridge.store, identity.digest().hex(), folder)

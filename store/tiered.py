@@ -56,6 +56,8 @@ class TieredStore:
         self.counters: Counter[str] = Counter()
         self._queue: queue.Queue[Job] = queue.Queue(queue_size)
         self._lock = threading.Lock()
+        self._pins: Counter[tuple[bytes, Kind]] = Counter()  # by session checkpoints
+        self._host_pins: Counter[tuple[bytes, Kind]] = Counter()  # those the host tier took
         host.on_evict = self._on_host_evict
         self._worker = threading.Thread(target=self._work, name="flipjax-store", daemon=True)
         self._worker.start()
@@ -140,13 +142,59 @@ class TieredStore:
             if self.disk is not None:
                 raise RuntimeError(f"disk tier: one is attached already at {self.disk.root}")
             self.disk = disk
+            for (key, kind), n in self._pins.items():  # checkpoints keep their hold
+                for _ in range(n):
+                    disk.pin(key, kind)
 
     def detach_disk(self) -> DiskTier | None:
         """Stop using the disk tier after its queued writes land; its files stay."""
         self.flush()
         with self._lock:
             disk, self.disk = self.disk, None
+            if disk is not None:
+                for (key, kind), n in self._pins.items():
+                    for _ in range(n):
+                        disk.unpin(key, kind)
         return disk
+
+    # -- pins -----------------------------------------------------------------------------------
+
+    def pin(self, key: bytes, kind: Kind) -> None:
+        """Keep an entry from eviction until `unpin`: on disk by name (a queued write lands
+        pinned), and in the host tier when it is there."""
+        with self._lock:
+            self._pins[(key, kind)] += 1
+            if self.host.pin(key, kind):
+                self._host_pins[(key, kind)] += 1
+            if self.disk is not None:
+                self.disk.pin(key, kind)
+
+    def unpin(self, key: bytes, kind: Kind) -> None:
+        with self._lock:
+            name = (key, kind)
+            if self._pins[name] <= 0:
+                raise RuntimeError(f"store: unpin of {key.hex()[:16]} ({kind.name}) not pinned")
+            _drop(self._pins, name)
+            if self._host_pins[name]:
+                _drop(self._host_pins, name)
+                self.host.unpin(key, kind)
+            if self.disk is not None:
+                self.disk.unpin(key, kind)
+
+    def delete(self, key: bytes, kind: Kind) -> bool:
+        """Remove an entry from every tier, pinned or not: an operator's removal, or a lost
+        file. A checkpoint that needs it then refuses to branch, naming it."""
+        self.flush()  # a queued write must not bring it back
+        removed = self.host.delete(key, kind, force=True)
+        disk = self.disk
+        if disk is not None:
+            removed = disk.delete(key, kind) or removed
+        self._count("deleted" if removed else "delete_missing")
+        return removed
+
+    def pinned(self, key: bytes, kind: Kind) -> int:
+        with self._lock:
+            return self._pins[(key, kind)]
 
     def resize_disk(self, budget_bytes: int) -> None:
         if self.disk is None:
@@ -250,3 +298,9 @@ class _DiskPut:
 
 Job = Callable[[], None] | _DiskPut | None
 _MAX_BATCH = 64  # a batch holds the disk tier's lock; bound how long a reader can wait
+
+
+def _drop(counter: Counter, name: object) -> None:
+    counter[name] -= 1
+    if not counter[name]:
+        del counter[name]

@@ -4,10 +4,10 @@ Starts `python -m flipjax.serve` (the tiny model unless `--model`), then:
 1. a shared-prefix workload: `--clients` concurrent streaming clients, each sending
    `--requests` prompts made of one of a few long system prompts plus a fresh user turn;
    reports throughput, time to first token and inter-token latency (p50/p99), and where the
-   prompt tokens came from (store hits per tier, computed);
-2. time to first token of a `--long`-token prompt cold, then served from the host tier, then,
-   after a restart over the same store directory, from disk (target: a hit at least 10x faster
-   than cold).
+   prompt tokens came from (prefix hits and hit tokens per tier: device, host, disk);
+2. time to first token of a `--long`-token prompt cold, then served from the device prefix
+   cache, then (after `/flush_cache`) from the host tier, then, after a restart over the same
+   store directory, from disk (target: a host or disk hit at least 10x faster than cold).
 """
 
 from __future__ import annotations
@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             results = asyncio.run(_workload(base, args))
             wall = time.perf_counter() - t0
-            stats = httpx.get(f"{base}/hicache/storage-backend", timeout=30).json()["counters"]
+            tiers = _prefix_hits(base)
             long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(args.long))
             cold = asyncio.run(_one(base, long_prompt))
+            device = asyncio.run(_one(base, long_prompt))
+            httpx.post(f"{base}/flush_cache", timeout=60).raise_for_status()
             host = asyncio.run(_one(base, long_prompt))
         finally:
             proc.terminate()
@@ -142,14 +144,25 @@ def main(argv: list[str] | None = None) -> None:
           f"{tokens / wall:.1f} generated tok/s, {prompt / wall:.0f} prompt tok/s")
     print(f"TTFT p50 {_pct(ttfts, .5) * 1e3:.0f} ms, p99 {_pct(ttfts, .99) * 1e3:.0f} ms; "
           f"inter-token p50 {_pct(gaps, .5) * 1e3:.1f} ms, p99 {_pct(gaps, .99) * 1e3:.1f} ms")
-    host_hits, disk_hits = stats["store"].get("hits_host", 0), stats["store"].get("hits_disk", 0)
-    print(f"prompt tokens: {cached / prompt:.0%} served from the store "
-          f"(entry hits: host {host_hits}, disk {disk_hits}), {1 - cached / prompt:.0%} computed")
-    for name, r in (("host", host), ("disk", disk)):
+    share = ", ".join(f"{t} {n / prompt:.0%}" for t, n in tiers.items())
+    print(f"prompt tokens: {cached / prompt:.0%} reused ({share}), "
+          f"{1 - cached / prompt:.0%} computed")
+    for name, r in (("device", device), ("host", host), ("disk", disk)):
         print(f"TTFT of a {args.long}-token prompt: cold {cold['ttft'] * 1e3:.0f} ms, from {name} "
               f"{r['ttft'] * 1e3:.0f} ms ({r['usage']['prompt_tokens_details']['cached_tokens']} "
               f"cached): {cold['ttft'] / r['ttft']:.1f}x faster (target >= 10x)")
     print(f"mean e2e {statistics.mean(r['seconds'] for r in results):.2f} s per request")
+
+
+def _prefix_hits(base: str) -> dict[str, float]:
+    """Prompt tokens reused so far, per tier, from the server's metrics."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("flipjax:prefix_hit_tokens_total{"):
+            tier = line.split('tier="', 1)[1].split('"', 1)[0]
+            found[tier] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 async def _one(base: str, prompt: str) -> dict[str, Any]:

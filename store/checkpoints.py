@@ -1,0 +1,195 @@
+"""The checkpoint book: session checkpoint manifests beside the store's entries, and the pins
+that keep what they reference.
+
+`create` refuses unless every page and the GDN anchor the checkpoint needs are in the store,
+pins them, and writes the manifest atomically (temporary file, fsync, rename, directory
+fsync), so a crash leaves a whole manifest or none. `load` checks every reference again before
+anything is seeded, naming the first one missing. `delete` unpins. Opening a book over an
+existing folder re-pins what its manifests reference, so checkpoints survive restarts; a
+manifest that cannot be read (another model, an unknown version, corrupt) is counted and left
+in place, never used. Without a folder the book lives in memory only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+from typing import Any
+
+from flipjax.sampling import SamplingParams
+from flipjax.sessions import CheckpointError, CheckpointState
+from store.entry import Kind
+from store.keys import page_keys
+from store.manifest import Manifest, ManifestError
+from store.tiered import TieredStore
+
+log = logging.getLogger("flipjax.store")
+
+
+class CheckpointBook:
+    def __init__(self, store: TieredStore, model: str, folder: str | None):
+        self.store = store
+        self.model = model  # the model identity digest, hex
+        self.folder = folder
+        self.counters: Counter[str] = Counter()
+        self._manifests: dict[str, Manifest] = {}
+        self._lock = threading.Lock()
+        if folder is not None:
+            os.makedirs(folder, exist_ok=True)
+            self._open()
+
+    # -- the book -------------------------------------------------------------------------------
+
+    def create(self, state: CheckpointState) -> dict[str, Any]:
+        ps = self.store.page_size
+        keys = page_keys(self.store.root, state.token_ids[: state.position], ps)
+        if len(keys) * ps != state.position:
+            raise CheckpointError(f"position: {state.position} is not a whole number of pages")
+        manifest = Manifest(
+            model=self.model,
+            token_ids=tuple(state.token_ids),
+            prompt_len=state.prompt_len,
+            position=state.position,
+            page_keys=tuple(k.hex() for k in keys),
+            anchor_key=keys[-1].hex(),
+            sampling=_sampling_dict(state.sampling),
+            seed=state.seed,
+            chat=None if state.chat is None else tuple(dict(m) for m in state.chat),
+        )
+        self._verify(manifest)  # a hybrid model's checkpoint needs its GDN anchor
+        cid = manifest.checkpoint_id
+        with self._lock:
+            if cid not in self._manifests:
+                self._pin(manifest)
+                if self.folder is not None:
+                    self._write(cid, manifest.to_bytes())
+                self._manifests[cid] = manifest
+                self.counters["created"] += 1
+        return summary(cid, manifest)
+
+    def load(self, checkpoint_id: str) -> CheckpointState:
+        """The checkpoint's state, after checking every reference it needs is present."""
+        manifest = self._get(checkpoint_id)
+        self._verify(manifest)
+        return CheckpointState(
+            token_ids=list(manifest.token_ids),
+            prompt_len=manifest.prompt_len,
+            position=manifest.position,
+            sampling=SamplingParams(**manifest.sampling),
+            seed=manifest.seed,
+            chat=None if manifest.chat is None else [dict(m) for m in manifest.chat],
+        )
+
+    def manifest(self, checkpoint_id: str) -> Manifest:
+        return self._get(checkpoint_id)
+
+    def references(self, checkpoint_id: str) -> list[tuple[bytes, Kind]]:
+        """The store entries a checkpoint pins, its GDN anchor last."""
+        return _references(self._get(checkpoint_id))
+
+    def list(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [summary(cid, m) for cid, m in sorted(self._manifests.items())]
+
+    def delete(self, checkpoint_id: str) -> None:
+        with self._lock:
+            manifest = self._manifests.pop(checkpoint_id, None)
+            if manifest is None:
+                raise KeyError(f"checkpoint_id: {checkpoint_id!r} is not a checkpoint here")
+            for key, kind in _references(manifest):
+                self.store.unpin(key, kind)
+            if self.folder is not None:
+                os.remove(self._path(checkpoint_id))
+                _fsync_dir(self.folder)
+            self.counters["deleted"] += 1
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _get(self, checkpoint_id: str) -> Manifest:
+        with self._lock:
+            manifest = self._manifests.get(checkpoint_id)
+        if manifest is None:
+            raise KeyError(f"checkpoint_id: {checkpoint_id!r} is not a checkpoint here")
+        return manifest
+
+    def _verify(self, manifest: Manifest) -> None:
+        self.counters["verified"] += 1
+        for i, (key, kind) in enumerate(_references(manifest)):
+            if self.store.where(key, kind) is None:
+                self.counters["missing"] += 1
+                what = "GDN anchor" if kind == Kind.GDN_ANCHOR else f"page {i}"
+                raise CheckpointError(
+                    f"checkpoint: its {what} ({key.hex()[:16]}...) is not in the store"
+                )
+
+    def _pin(self, manifest: Manifest) -> None:
+        for key, kind in _references(manifest):
+            self.store.pin(key, kind)
+
+    def _path(self, checkpoint_id: str) -> str:
+        return os.path.join(self.folder, f"{checkpoint_id}.json")
+
+    def _write(self, checkpoint_id: str, data: bytes) -> None:
+        tmp = self._path(checkpoint_id) + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path(checkpoint_id))
+        _fsync_dir(self.folder)
+
+    def _open(self) -> None:
+        for name in sorted(os.listdir(self.folder)):
+            path = os.path.join(self.folder, name)
+            if name.endswith(".tmp"):
+                os.remove(path)  # a write a crash interrupted
+                continue
+            if not name.endswith(".json"):
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            try:
+                manifest = Manifest.from_bytes(data, self.model)
+                if manifest.checkpoint_id != name.removesuffix(".json"):
+                    raise ManifestError("manifest: its bytes do not hash to its name")
+            except ManifestError as e:
+                self.counters["unreadable"] += 1
+                log.warning("checkpoint %s left unused: %s", name, e)
+                continue
+            self._pin(manifest)
+            self._manifests[manifest.checkpoint_id] = manifest
+            self.counters["loaded"] += 1
+
+
+def summary(checkpoint_id: str, manifest: Manifest) -> dict[str, Any]:
+    return {
+        "checkpoint_id": checkpoint_id,
+        "requested_position": manifest.requested_position,
+        "position": manifest.position,
+        "prompt_tokens": min(manifest.prompt_len, manifest.requested_position),
+        "generated_tokens": manifest.step,
+        "pages": len(manifest.page_keys),
+        "chat": manifest.chat is not None,
+    }
+
+
+def _references(manifest: Manifest) -> list[tuple[bytes, Kind]]:
+    """Every entry a checkpoint needs, the GDN anchor last (it is fetched last too)."""
+    refs = [(bytes.fromhex(k), Kind.KV_PAGE) for k in manifest.page_keys]
+    return refs + [(bytes.fromhex(manifest.anchor_key), Kind.GDN_ANCHOR)]
+
+
+def _sampling_dict(params: SamplingParams) -> dict[str, Any]:
+    body = dict(vars(params))
+    body["stop"], body["stop_token_ids"] = list(params.stop), list(params.stop_token_ids)
+    return body
+
+
+def _fsync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
