@@ -446,6 +446,20 @@ class Engine:
             list(state.token_ids), state.prompt_len, state.sampling, state.seed, state.chat
         )
 
+    def list_checkpoints(self) -> list[dict[str, Any]]:
+        return self._book().list()
+
+    def delete_checkpoint(self, checkpoint_id: str) -> None:
+        """Unpin what the checkpoint referenced; KeyError when unknown."""
+        self._book().delete(checkpoint_id)
+
+    def sampling(self, request_id: str) -> SamplingParams:
+        """The sampling parameters an in-flight request runs with."""
+        seq = self._requests.get(request_id)
+        if seq is None:
+            raise KeyError(f"request_id: {request_id!r} is not in flight")
+        return seq.params
+
     def _book(self) -> CheckpointBook:
         if self.checkpoints is None:
             raise CheckpointError("checkpoint: this engine has no store to keep checkpoints in")

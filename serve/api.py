@@ -20,6 +20,7 @@ import asyncio
 import ipaddress
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -45,6 +46,7 @@ from serve.protocol import (
     parse,
     usage,
 )
+from serve.session_routes import add_session_routes
 from serve.store_routes import StoreControl, add_store_routes
 from serve.streaming import ChunkBuilder, collect, stream
 from sharding.autopilot import Autopilot
@@ -89,20 +91,23 @@ def create_app(
         req = await parse(request, model)
         if isinstance(req, JSONResponse):
             return req
-        if getattr(req, "model", engine.name) != engine.name:
+        if getattr(req, "model", None) not in (None, engine.name):
             return error(404, f"model: {req.model!r} is not served here", "model", "not_found")
         return req
 
-    async def submit(prompt: str | list[int], params: SamplingParams) -> Submitted | JSONResponse:
+    async def submit(start: Callable[[Engine], str]) -> Submitted | JSONResponse:
+        """Queue a request with `start(engine)`; its id and update queue, or the refusal."""
         updates: asyncio.Queue[Update] = asyncio.Queue()
         aio = asyncio.get_running_loop()
         try:
             rid = await asyncio.to_thread(
-                loop.submit, prompt, params,
-                lambda u: aio.call_soon_threadsafe(updates.put_nowait, u),
-            )  # fmt: skip
+                loop.submit, start, lambda u: aio.call_soon_threadsafe(updates.put_nowait, u)
+            )
         except ValueError as e:
             return bad_request(str(e), str(e).split(":", 1)[0])
+        except KeyError as e:
+            message = e.args[0] if e.args else str(e)
+            return error(404, message, message.split(":", 1)[0], "not_found")
         return rid, updates
 
     async def respond(
@@ -142,25 +147,12 @@ def create_app(
         if isinstance(req, Response):
             return req
         params = req.sampling_params()
-        submitted = await submit(req.prompt, params)
+        submitted = await submit(
+            lambda e: e.add_request(req.prompt, params, session_id=req.session_id)
+        )
         if isinstance(submitted, JSONResponse):
             return submitted
-        cid = f"cmpl-{submitted[0]}"
-
-        def chunk(delta: str, finish: str | None, use: dict[str, Any] | None) -> dict[str, Any]:
-            body: dict[str, Any] = {
-                "id": cid, "object": "text_completion", "created": int(time.time()),
-                "model": engine.name,
-                "choices": [{"index": 0, "text": delta, "logprobs": None,
-                             "finish_reason": finish}],
-            }  # fmt: skip
-            return body if use is None else {**body, "usage": use}
-
-        def body(out: Output) -> dict[str, Any]:
-            full = chunk(out.text, out.finish_reason, usage(out))
-            full["choices"][0]["token_ids"] = out.token_ids
-            return full
-
+        chunk, body = text_completion(f"cmpl-{submitted[0]}", engine.name)
         return await respond(submitted, params, req.stream, chunk, body)
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -168,12 +160,18 @@ def create_app(
         req = await accept(request, ChatRequest)
         if isinstance(req, Response):
             return req
+        messages = [m.model_dump() for m in req.messages]
+        if req.session_id is not None:  # the session's conversation so far comes first
+            session = await asyncio.to_thread(loop.call, lambda e: e.sessions.get(req.session_id))
+            messages = [*(session.chat or []), *messages] if session is not None else messages
         try:
-            prompt = template.render([m.model_dump() for m in req.messages])
+            prompt = template.render(messages)
         except Exception as e:  # noqa: BLE001 - a template error is the request's problem
             return bad_request(f"messages: the chat template failed: {e}", "messages")
         params = req.sampling_params()
-        submitted = await submit(prompt, params)
+        submitted = await submit(
+            lambda e: e.add_request(prompt, params, session_id=req.session_id, chat=messages)
+        )
         if isinstance(submitted, JSONResponse):
             return submitted
         cid = f"chatcmpl-{submitted[0]}"
@@ -210,7 +208,7 @@ def create_app(
         if req.stream:
             return bad_request("stream: /generate answers once; use /v1/completions", "stream")
         params = req.sampling_params()
-        submitted = await submit(req.input_ids, params)
+        submitted = await submit(lambda e: e.add_request(req.input_ids, params))
         if isinstance(submitted, JSONResponse):
             return submitted
 
@@ -267,6 +265,9 @@ def create_app(
         return JSONResponse({"flushed": flushed})
 
     add_store_routes(app, engine, loop, store_control, lambda r: refusal(r, admin=True))
+    add_session_routes(
+        app, loop, engine.name, accept, submit, respond, lambda r: refusal(r, admin=False)
+    )
     return app
 
 
@@ -285,3 +286,21 @@ def _resolve(host: str) -> str:
         return str(ipaddress.ip_address(host))
     except ValueError:
         return socket.gethostbyname(host)
+
+
+def text_completion(cid: str, model: str) -> tuple[ChunkBuilder, Callable[[Output], Any]]:
+    """The chunk and final-body builders of a `text_completion` response."""
+
+    def chunk(delta: str, finish: str | None, use: dict[str, Any] | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}],
+        }  # fmt: skip
+        return body if use is None else {**body, "usage": use}
+
+    def body(out: Output) -> dict[str, Any]:
+        full = chunk(out.text, out.finish_reason, usage(out))
+        full["choices"][0]["token_ids"] = out.token_ids
+        return full
+
+    return chunk, body

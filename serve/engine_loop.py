@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flipjax.engine import Engine, Output
-from flipjax.sampling import SamplingParams
 from sharding.autopilot import Autopilot
 
 log = logging.getLogger("flipjax.serve")
@@ -39,8 +38,7 @@ class Update:
 
 @dataclass
 class _Request:
-    prompt: str | list[int]
-    params: SamplingParams
+    start: Callable[[Engine], str]  # queues the request on the engine, returns its id
     notify: Callable[[Update], None]
     admitted: Future[str] = field(default_factory=Future)  # the id, or the refusal
     request_id: str | None = None
@@ -61,11 +59,11 @@ class EngineLoop:
 
     # -- called from any thread -----------------------------------------------------------------
 
-    def submit(
-        self, prompt: str | list[int], params: SamplingParams, notify: Callable[[Update], None]
-    ) -> str:
-        """Queue a request; returns its id once admitted. Bad input raises ValueError."""
-        req = _Request(prompt, params, notify)
+    def submit(self, start: Callable[[Engine], str], notify: Callable[[Update], None]) -> str:
+        """Queue a request with `start(engine)` (e.g. `engine.add_request(...)`) on the loop
+        thread; returns its id once admitted. A refusal raises ValueError (bad input) or
+        KeyError (an unknown checkpoint or session)."""
+        req = _Request(start, notify)
         self._commands.put(lambda: self._admit(req))
         return req.admitted.result()
 
@@ -115,8 +113,8 @@ class EngineLoop:
 
     def _admit(self, req: _Request) -> None:
         try:
-            rid = self.engine.add_request(req.prompt, req.params)
-        except ValueError as err:
+            rid = req.start(self.engine)
+        except (ValueError, KeyError) as err:
             req.admitted.set_exception(err)
             return
         req.request_id = rid

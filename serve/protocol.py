@@ -49,6 +49,7 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     model: str
     prompt: str | list[int]
+    session_id: str | None = Field(default=None, min_length=1)  # append this turn to it
 
 
 class ChatMessage(BaseModel):
@@ -62,6 +63,7 @@ class ChatRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, gt=0)
+    session_id: str | None = Field(default=None, min_length=1)  # append this turn to it
 
     def sampling_params(self) -> SamplingParams:
         params = super().sampling_params()
@@ -74,6 +76,32 @@ class GenerateRequest(SamplingFields):
     """flipjax's token-level route: ids in, ids out."""
 
     input_ids: list[int] = Field(min_length=1)
+
+
+class CheckpointRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str | None = None
+    session_id: str | None = None
+    position: int | None = Field(default=None, gt=0)
+    quiesce: bool = False
+
+
+class BranchRequest(SamplingFields):
+    """Continue from a checkpoint. Sampling fields left out keep the checkpoint's own (and its
+    RNG state); `prompt`, when given, is a new turn after the checkpoint's tokens."""
+
+    checkpoint_id: str
+    model: str | None = None
+    prompt: str | list[int] | None = None
+    session_id: str | None = Field(default=None, min_length=1)
+
+
+class RewindRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str = Field(min_length=1)
+    checkpoint_id: str
 
 
 class FlipRequest(BaseModel):
