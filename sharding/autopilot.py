@@ -73,7 +73,9 @@ class Autopilot:
         store, engine.prefix_store = engine.prefix_store, None
         rng = random.Random(0)
         vocab = engine.config.vocab_size
-        prompt_tokens = min(prompt_tokens, engine.max_model_len - 16)
+        pool_tokens = engine.pages.total * engine.engine_config.page_size
+        prompt_tokens = min(prompt_tokens, engine.max_model_len - 16, pool_tokens // 2)
+        rows = min(rows, engine.engine_config.max_running_requests)
         try:
             for layout in (self.config.decode_layout, self.config.prefill_layout):
                 engine.flip(layout)

@@ -20,6 +20,7 @@ from typing import Any
 
 from flipjax.sampling import SamplingParams
 from flipjax.sessions import CheckpointError, CheckpointState
+from store.disk import fsync_path
 from store.entry import Kind
 from store.keys import page_keys
 from store.manifest import Manifest, ManifestError
@@ -102,7 +103,7 @@ class CheckpointBook:
                 self.store.unpin(key, kind)
             if self.folder is not None:
                 os.remove(self._path(checkpoint_id))
-                _fsync_dir(self.folder)
+                fsync_path(self.folder)
             self.counters["deleted"] += 1
 
     # -- internals ------------------------------------------------------------------------------
@@ -138,7 +139,7 @@ class CheckpointBook:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self._path(checkpoint_id))
-        _fsync_dir(self.folder)
+        fsync_path(self.folder)
 
     def _open(self) -> None:
         for name in sorted(os.listdir(self.folder)):
@@ -185,11 +186,3 @@ def _sampling_dict(params: SamplingParams) -> dict[str, Any]:
     body = dict(vars(params))
     body["stop"], body["stop_token_ids"] = list(params.stop), list(params.stop_token_ids)
     return body
-
-
-def _fsync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -233,7 +233,7 @@ class DiskTier(StoreTier):
         self.last_corruption = f"{name}: {reason}"
 
 
-def _fsync_path(path: str) -> None:
+def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -265,4 +265,4 @@ def _barrier(root: str, paths: list[str]) -> None:
             os.close(fd)
         return
     for path in paths:
-        _fsync_path(path)
+        fsync_path(path)

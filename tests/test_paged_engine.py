@@ -178,7 +178,7 @@ def test_two_hundred_mixed_requests_leave_pools_free(model):
     rng = random.Random(0)
     eng = make(
         model, num_pages=48, max_running_requests=8, max_prefill_tokens=64,
-        gdn_checkpoint_interval=16,
+        gdn_checkpoint_interval=32,
     )  # fmt: skip
     shared = [[rng.randrange(256) for _ in range(48)] for _ in range(3)]  # for prefix hits
     live: list[str] = []

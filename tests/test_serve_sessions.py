@@ -92,6 +92,16 @@ def test_checkpoint_restart_branch_rewind(tmp_path):
                                        "temperature": 0})  # fmt: skip
         assert via_session == via_branch
 
+        # A chat session renders the whole conversation each turn; the earlier turns come back
+        # from the prefix cache.
+        chat = {"model": "tiny", "max_tokens": 4, "temperature": 0, "session_id": "c"}
+        one = post(base, "/v1/chat/completions", {**chat, "messages": [
+            {"role": "user", "content": "first turn " * 8}]}).json()  # fmt: skip
+        two = post(base, "/v1/chat/completions", {**chat, "messages": [
+            {"role": "user", "content": "second"}]}).json()  # fmt: skip
+        assert two["usage"]["prompt_tokens"] > one["usage"]["total_tokens"]
+        assert two["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32
+
         assert httpx.delete(f"{base}/session_checkpoint/{cid}", timeout=30).status_code == 200
         assert httpx.delete(f"{base}/session_checkpoint/{cid}", timeout=30).status_code == 404
         assert httpx.get(f"{base}/session_checkpoints", timeout=30).json()["data"] == []
