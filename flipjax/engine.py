@@ -28,17 +28,17 @@ from flax import nnx
 from flipjax import cache_io
 from flipjax.buckets import pow2_bucket
 from flipjax.cache import PagePool, SlotPool
-from flipjax.cache_io import copy_slot, read_pages, read_slot, write_pages, write_slot
 from flipjax.config import EngineConfig, ModelConfig
 from flipjax.model import Qwen3NextForCausalLM, forward, init_cache
 from flipjax.model_runner import ModelRunner, Row
 from flipjax.orbax_ckpt import abstract_params, is_orbax, restore_params
 from flipjax.prefix import PrefixStore
+from flipjax.prefix_reuse import PrefixReuse
 from flipjax.radix_cache import RadixCache
 from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams
 from flipjax.scheduler import Scheduler
 from flipjax.sequence import Sequence, TokenLogprob
-from flipjax.sessions import CheckpointBook, CheckpointError, CheckpointState, Session, snap
+from flipjax.sessions import CheckpointBook, CheckpointError, Session, capture, continuation
 from flipjax.stopping import append_token
 from flipjax.tiny import TINY_NAME, tiny_model
 from flipjax.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -115,11 +115,8 @@ class Engine:
         reuse = self.prefix_cache is not None or prefix_store is not None
         self.scheduler = Scheduler(
             self.pages, self.slots, ec.page_size, ec.max_running_requests, ec.max_prefill_tokens,
-            chunk_grid=self.gdn_interval if reuse else None, on_admit=self._seed,
-            prefix_cache=self.prefix_cache,
+            chunk_grid=self.gdn_interval if reuse else None, prefix_cache=self.prefix_cache,
         )  # fmt: skip
-        # Admissions by where their prefix came from (device, host, disk) or miss, with tokens.
-        self.prefix_counters: Counter[str] = Counter()
         self.max_model_len = ec.model_len(self.config)
         placement = None
         if layout is not None:
@@ -130,6 +127,11 @@ class Engine:
             self.config, self.graphdef, params, dtype, ec.page_size, ec.num_pages, ec.slots,
             self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens, placement,
         )  # fmt: skip
+        self.reuse = PrefixReuse(
+            self.runner, self.scheduler, ec.page_size, self.gdn_interval, self.prefix_cache,
+            prefix_store,
+        )  # fmt: skip
+        self.scheduler.on_admit = self.reuse.seed
         self._requests: dict[str, Sequence] = {}
         self.checkpoints = checkpoints
         self.sessions: dict[str, Session] = {}
@@ -284,7 +286,7 @@ class Engine:
             row = Row(c.seq.all_ids[c.start : c.start + c.length], c.start, c.seq.pages, c.seq.slot)
             logits = self.runner.run([row], decode=False)
             c.seq.num_computed += c.length
-            self._publish(c.seq, c.start)
+            self.reuse.publish(c.seq, c.start)
             if c.completes_prompt:
                 finished += self._sample(logits, [c.seq])
         if plan.decode:
@@ -292,7 +294,7 @@ class Engine:
             logits = self.runner.run(rows, decode=True)
             for s in plan.decode:
                 s.num_computed += 1
-                self._publish(s, s.num_computed - 1)
+                self.reuse.publish(s, s.num_computed - 1)
             finished += self._sample(logits, list(plan.decode))
         outputs = [self._finish(s) for s in finished]
         self.last_step = StepStats(
@@ -304,16 +306,12 @@ class Engine:
     def generated(self, request_id: str, start: int = 0) -> list[int]:
         """The token ids an in-flight request has generated from index `start` on (streams
         ask for what is new since their last read)."""
-        seq = self._requests.get(request_id)
-        if seq is None:
-            raise KeyError(f"request_id: {request_id!r} is not in flight")
+        seq = self._in_flight(request_id)
         return seq.output_ids[seq.carried + start :]
 
     def abort(self, request_id: str) -> Output:
         """Stop a request now and free its pages and slot."""
-        seq = self._requests.get(request_id)
-        if seq is None:
-            raise KeyError(f"request_id: {request_id!r} is not in flight")
+        seq = self._in_flight(request_id)
         seq.finish_reason = "abort"
         return self._finish(seq)
 
@@ -354,6 +352,12 @@ class Engine:
                 self.runner.state = cache_io.warm(self.runner.state, self.runner.table_width)
 
     @property
+    def prefix_counters(self) -> Counter[str]:
+        """Admissions by where their prefix came from (hits_device, hits_host, hits_disk, or
+        misses), and hit_tokens_* per tier."""
+        return self.reuse.counters
+
+    @property
     def _moves_state(self) -> bool:
         """Whether pages and states move between slots, the host and the device."""
         return self.prefix_cache is not None or self.prefix_store is not None
@@ -378,9 +382,7 @@ class Engine:
         if (request_id is None) == (session_id is None):
             raise CheckpointError("checkpoint: name exactly one of request_id and session_id")
         if request_id is not None:
-            seq = self._requests.get(request_id)
-            if seq is None:
-                raise KeyError(f"request_id: {request_id!r} is not in flight")
+            seq = self._in_flight(request_id)
             if not quiesce:
                 raise CheckpointError(
                     f"quiesce: request {request_id!r} is still generating; pass quiesce to "
@@ -395,19 +397,9 @@ class Engine:
             tokens, computed = session.token_ids, len(session.token_ids) - 1  # last one unfed
             prompt_len, params, seed = session.prompt_len, session.sampling, session.seed
             chat = session.chat
-        requested = len(tokens) if position is None else position
-        if not 0 < requested <= len(tokens):
-            raise CheckpointError(f"position: {requested} is outside 1..{len(tokens)}")
-        used = snap(requested, computed, self.gdn_interval)
-        if used == 0:
-            raise CheckpointError(
-                f"position: {requested} snaps to 0 on the {self.gdn_interval}-token GDN grid; "
-                "there is no state to resume from"
-            )
-        state = CheckpointState(
-            tokens[:requested], min(prompt_len, requested), used, params, seed, chat
+        return book.create(
+            capture(tokens, computed, prompt_len, params, seed, chat, position, self.gdn_interval)
         )
-        return book.create(state)
 
     def branch(
         self,
@@ -424,20 +416,9 @@ class Engine:
         RNG state unless `sampling` overrides them); with one, the checkpoint's tokens become
         the context of a new turn. Every reference is verified before anything is seeded."""
         state = self._book().load(checkpoint_id)
-        params = sampling if sampling is not None else state.sampling.replace(max_tokens=None)
-        if prompt is not None:
-            ids = state.token_ids + self.encode_prompt(prompt)
-            seed = params.seed if params.seed is not None else secrets.randbits(32)
-            seq = Sequence("", ids, params, 0, seed, session_id=session_id)
-        else:
-            seed = params.seed if params.seed is not None else state.seed
-            seq = Sequence(
-                "", state.token_ids[: state.prompt_len], params, 0, seed,
-                output_ids=state.token_ids[state.prompt_len :], session_id=session_id,
-                chat=state.chat,
-            )  # fmt: skip
-            seq.carried = len(seq.output_ids)
-        return self._enqueue(seq, params, max_new_tokens, request_id)
+        new_turn = self.encode_prompt(prompt) if prompt is not None else None
+        seq = continuation(state, sampling, session_id, new_turn)
+        return self._enqueue(seq, seq.params, max_new_tokens, request_id)
 
     def rewind(self, session_id: str, checkpoint_id: str) -> None:
         """Make `session_id` continue from a checkpoint (creating the session if need be)."""
@@ -455,10 +436,14 @@ class Engine:
 
     def sampling(self, request_id: str) -> SamplingParams:
         """The sampling parameters an in-flight request runs with."""
+        seq = self._in_flight(request_id)
+        return seq.params
+
+    def _in_flight(self, request_id: str) -> Sequence:
         seq = self._requests.get(request_id)
         if seq is None:
             raise KeyError(f"request_id: {request_id!r} is not in flight")
-        return seq.params
+        return seq
 
     def _book(self) -> CheckpointBook:
         if self.checkpoints is None:
@@ -519,68 +504,6 @@ class Engine:
         return np.asarray(logits[0, : len(ids)])
 
     # -- internals ------------------------------------------------------------------------------
-
-    def _seed(self, seq: Sequence) -> None:
-        """Start an admitted request from the deepest cached prefix of its tokens: the device
-        cache first, then the store for whatever it holds beyond that.
-
-        At least one token is left to compute, since its logits are what gets sampled.
-        """
-        if seq.num_computed:
-            return
-        known = seq.all_ids[:-1]
-        tokens, tier = 0, None
-        cache = self.prefix_cache
-        if cache is not None:
-            match = cache.match(known)
-            if match.tokens:
-                # Swap the page reserved at admission for the cached ones, then one to grow into.
-                self.pages.release(seq.pages, seq.request_id)
-                self.pages.share(match.pages, seq.request_id)
-                seq.pages = list(match.pages)
-                self.scheduler.reserve(seq, match.tokens + 1)  # the page just released fits
-                self._copy_state(match.slot, seq.slot)
-                tokens, tier = match.tokens, "device"
-        store = self.prefix_store
-        found = store.fetch(known, tokens) if store is not None else None
-        if found is not None and self.scheduler.reserve(seq, found.tokens):
-            ps = self.engine_config.page_size
-            pages = seq.pages[tokens // ps : found.tokens // ps]
-            with self.runner.compiles.watch():
-                state = write_pages(self.runner.state, pages, found.kv)
-                self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
-            tokens, tier = found.tokens, found.tier
-        seq.num_computed = tokens
-        if not seq.output_ids:  # a resumed request's usage keeps its first admission's count
-            seq.cached_tokens = tokens
-        self.prefix_counters[f"hits_{tier}" if tier else "misses"] += 1
-        self.prefix_counters[f"hit_tokens_{tier}"] += tokens if tier else 0
-
-    def _publish(self, seq: Sequence, start: int) -> None:
-        """Offer pages completed since `start`, and a grid state, to the device prefix cache
-        and the prefix store."""
-        cache, store = self.prefix_cache, self.prefix_store
-        ps, end = self.engine_config.page_size, seq.num_computed
-        first, last = start // ps, end // ps
-        on_grid = end > start and end % self.gdn_interval == 0
-        if cache is not None and last > first:
-            cache.insert(seq.all_ids[: last * ps], seq.pages[:last])
-        if cache is not None and on_grid:
-            cache.add_state(seq.all_ids[:end], functools.partial(self._copy_state, seq.slot))
-        if store is None:
-            return
-        if last > first:
-            with self.runner.compiles.watch():
-                kv = read_pages(self.runner.state, seq.pages[first:last])
-            store.publish_pages(seq.all_ids, first, kv)
-        if on_grid:
-            with self.runner.compiles.watch():
-                rec, conv = read_slot(self.runner.state, seq.slot)
-            store.publish_state(seq.all_ids[:end], rec, conv)
-
-    def _copy_state(self, src: int, dst: int) -> None:
-        with self.runner.compiles.watch():
-            self.runner.state = copy_slot(self.runner.state, src, dst)
 
     def _sample(self, logits: jax.Array, seqs: list[Sequence | None]) -> list[Sequence]:
         rows = [

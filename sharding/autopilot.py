@@ -68,15 +68,15 @@ class Autopilot:
 
     def calibrate(self, engine: Engine, prompt_tokens: int = 256, rows: int = 8) -> None:
         """Measure both layouts with a synthetic load: one long prompt (pure prefill steps),
-        then `rows` requests decoding together. Its prompts are random and kept out of the
-        prefix cache and the store. Ends in the prefill layout, with no request left."""
-        store, engine.prefix_store = engine.prefix_store, None
+        then `rows` requests decoding together. Its prompts are random, and prefix reuse is
+        paused meanwhile (nothing looked up, nothing published). Ends in the prefill layout,
+        with no request left."""
         rng = random.Random(0)
         vocab = engine.config.vocab_size
         pool_tokens = engine.pages.total * engine.engine_config.page_size
         prompt_tokens = min(prompt_tokens, engine.max_model_len - 16, pool_tokens // 2)
         rows = min(rows, engine.engine_config.max_running_requests)
-        try:
+        with engine.reuse.paused():
             for layout in (self.config.decode_layout, self.config.prefill_layout):
                 engine.flip(layout)
                 for n, count, new in ((prompt_tokens, 1, 1), (4, rows, 8)):
@@ -86,9 +86,6 @@ class Autopilot:
                     while engine.has_unfinished():
                         engine.step()
                         self.observe(engine.last_step)
-        finally:
-            engine.prefix_store = store
-            engine.flush_prefix_cache()
 
     # -- deciding -------------------------------------------------------------------------------
 

@@ -1,0 +1,116 @@
+"""Prefix reuse: where an admitted request's prefix comes from, and where computed pages go.
+
+An admitted request starts from the deepest cached prefix of its tokens: the device prefix
+cache first (pages shared, the grid state copied into the request's slot), then the prefix
+store for whatever it holds beyond that (pages and state written into the request's own). As
+pages and grid states are computed they are offered to both, write-through. Every admission is
+counted by the tier its prefix came from, or as a miss.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from flipjax.cache_io import copy_slot, read_pages, read_slot, write_pages, write_slot
+from flipjax.model_runner import ModelRunner
+from flipjax.prefix import PrefixStore
+from flipjax.radix_cache import RadixCache
+from flipjax.scheduler import Scheduler
+from flipjax.sequence import Sequence
+
+
+class PrefixReuse:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        page_size: int,
+        interval: int,
+        cache: RadixCache | None,
+        store: PrefixStore | None,
+    ):
+        self.runner = runner
+        self.scheduler = scheduler
+        self.page_size = page_size
+        self.interval = interval
+        self.cache = cache
+        self.store = store
+        self.counters: Counter[str] = Counter()
+        self._paused = False
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Neither look prefixes up nor publish them (for synthetic load, e.g. calibration)."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+
+    def seed(self, seq: Sequence) -> None:
+        """Start an admitted request from the deepest cached prefix of its tokens: the device
+        cache first, then the store for whatever it holds beyond that.
+
+        At least one token is left to compute, since its logits are what gets sampled.
+        """
+        if seq.num_computed or self._paused:
+            return
+        known = seq.all_ids[:-1]
+        tokens, tier = 0, None
+        cache = self.cache
+        if cache is not None:
+            match = cache.match(known)
+            if match.tokens:
+                # Swap the page reserved at admission for the cached ones, then one to grow into.
+                pool = self.scheduler.pages
+                pool.release(seq.pages, seq.request_id)
+                pool.share(match.pages, seq.request_id)
+                seq.pages = list(match.pages)
+                self.scheduler.reserve(seq, match.tokens + 1)  # the page just released fits
+                self._copy_state(match.slot, seq.slot)
+                tokens, tier = match.tokens, "device"
+        store = self.store
+        found = store.fetch(known, tokens) if store is not None else None
+        if found is not None and self.scheduler.reserve(seq, found.tokens):
+            ps = self.page_size
+            pages = seq.pages[tokens // ps : found.tokens // ps]
+            with self.runner.compiles.watch():
+                state = write_pages(self.runner.state, pages, found.kv)
+                self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
+            tokens, tier = found.tokens, found.tier
+        seq.num_computed = tokens
+        if not seq.output_ids:  # a resumed request's usage keeps its first admission's count
+            seq.cached_tokens = tokens
+        self.counters[f"hits_{tier}" if tier else "misses"] += 1
+        self.counters[f"hit_tokens_{tier}"] += tokens if tier else 0
+
+    def publish(self, seq: Sequence, start: int) -> None:
+        """Offer pages completed since `start`, and a grid state, to the device prefix cache
+        and the prefix store."""
+        if self._paused:
+            return
+        cache, store = self.cache, self.store
+        ps, end = self.page_size, seq.num_computed
+        first, last = start // ps, end // ps
+        on_grid = end > start and end % self.interval == 0
+        if cache is not None and last > first:
+            cache.insert(seq.all_ids[: last * ps], seq.pages[:last])
+        if cache is not None and on_grid:
+            cache.add_state(seq.all_ids[:end], functools.partial(self._copy_state, seq.slot))
+        if store is None:
+            return
+        if last > first:
+            with self.runner.compiles.watch():
+                kv = read_pages(self.runner.state, seq.pages[first:last])
+            store.publish_pages(seq.all_ids, first, kv)
+        if on_grid:
+            with self.runner.compiles.watch():
+                rec, conv = read_slot(self.runner.state, seq.slot)
+            store.publish_state(seq.all_ids[:end], rec, conv)
+
+    def _copy_state(self, src: int, dst: int) -> None:
+        with self.runner.compiles.watch():
+            self.runner.state = copy_slot(self.runner.state, src, dst)
