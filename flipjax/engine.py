@@ -105,6 +105,11 @@ class Engine:
         self.pages = PagePool(ec.num_pages, "kv pages")
         self.slots = SlotPool(ec.slots, "gdn slots")
         self.prefix_store = prefix_store
+        if prefix_store is not None and prefix_store.page_size != ec.page_size:
+            raise ValueError(
+                f"prefix_store: page size {prefix_store.page_size} is not the engine's "
+                f"{ec.page_size}"
+            )
         self.gdn_interval = _gdn_interval(ec, prefix_store)
         self.prefix_cache: RadixCache | None = None
         if ec.prefix_cache and ec.slots > ec.max_running_requests:

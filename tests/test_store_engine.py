@@ -165,3 +165,12 @@ def test_warmup_compiles_the_store_path_too(model, tmp_path):
     assert second.cached_tokens == 96 and second.token_ids == first.token_ids
     assert engine.compile_count == compiles
     bridge.store.close()
+
+
+def test_a_store_with_another_page_size_or_grid_is_refused(model, tmp_path):
+    bridge = open_store(model, str(tmp_path))
+    with pytest.raises(ValueError, match="page size 16 is not the engine's 8"):
+        Engine(model, ByteTokenizer(), "tiny", jnp.float32, EngineConfig(page_size=8), bridge)
+    with pytest.raises(ValueError, match="64 is not the prefix store's 32"):
+        make(model, bridge, gdn_checkpoint_interval=64)
+    assert make(model, bridge, gdn_checkpoint_interval=GRID).gdn_interval == GRID
