@@ -83,7 +83,7 @@ class RadixCache:
         """Cache the full pages of `token_ids`, where `pages[i]` holds page i. Pages already
         cached under the same tokens stay as they are. Returns the number of pages added."""
         ps = self.page_size
-        node, added = self.root, 0
+        node, path, added = self.root, [], 0
         for i in range(min(len(pages), len(token_ids) // ps)):
             key = tuple(token_ids[i * ps : (i + 1) * ps])
             child = node.children.get(key)
@@ -94,7 +94,8 @@ class RadixCache:
                 self.num_pages += 1
                 added += 1
             node = child
-        self._touch(self._path(token_ids[: len(pages) * ps]))
+            path.append(node)
+        self._touch(path)
         return added
 
     def add_state(self, token_ids: list[int], copy_into: Callable[[int], None]) -> bool:

@@ -12,6 +12,19 @@ from collections import Counter
 from store.entry import Kind
 
 
+class Pins(Counter):
+    """Counted pins by name: an entry is held while its count is above zero, so two
+    checkpoints may pin one entry and the first unpin leaves it held."""
+
+    def release(self, name: object, what: str) -> None:
+        """Drop one pin; `what` names the entry in the error when it holds none."""
+        if self[name] <= 0:
+            raise RuntimeError(f"{what} not pinned")
+        self[name] -= 1
+        if not self[name]:
+            del self[name]
+
+
 class StoreTier(abc.ABC):
     name: str
     counters: Counter[str]

@@ -22,7 +22,7 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
-from store.backend import StoreTier
+from store.backend import Pins, StoreTier
 from store.entry import CorruptEntry, Kind, decode, header
 from store.keys import entry_name
 
@@ -39,7 +39,7 @@ class DiskTier(StoreTier):
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._index: OrderedDict[str, int] = OrderedDict()  # name -> file size, LRU first
-        self._pins: Counter[str] = Counter()  # held by session checkpoints: never evicted
+        self._pins = Pins()  # held by session checkpoints: never evicted
         self._used = 0
         self.last_corruption: str | None = None
         for sub in ("entries", "tmp", "quarantine"):
@@ -154,11 +154,7 @@ class DiskTier(StoreTier):
     def unpin(self, key: bytes, kind: Kind) -> None:
         name = entry_name(key, gdn=kind == Kind.GDN_ANCHOR)
         with self._lock:
-            if self._pins[name] <= 0:
-                raise RuntimeError(f"disk: unpin of {name[:16]} which is not pinned")
-            self._pins[name] -= 1
-            if not self._pins[name]:
-                del self._pins[name]
+            self._pins.release(name, f"disk: unpin of {name[:16]}")
 
     def entries(self) -> list[tuple[bytes, Kind]]:
         """Every indexed entry's key and kind, least recently used first."""
@@ -199,11 +195,12 @@ class DiskTier(StoreTier):
         self._make_room(0)
 
     def _make_room(self, incoming: int) -> bool:
-        while self._used + incoming > self._budget or not self._enough_free(incoming):
-            oldest = next((n for n in self._index if not self._pins[n]), None)
-            if oldest is None:
-                break  # only pinned entries are left
-            self._remove(oldest)
+        for name in list(self._index):  # least recently used first, in one pass
+            if self._used + incoming <= self._budget and self._enough_free(incoming):
+                break
+            if self._pins[name]:
+                continue
+            self._remove(name)
             self.counters["evictions"] += 1
         return self._used + incoming <= self._budget and self._enough_free(incoming)
 

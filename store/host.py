@@ -12,7 +12,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
-from store.backend import StoreTier
+from store.backend import Pins, StoreTier
 from store.entry import Kind
 
 Name = tuple[bytes, Kind]
@@ -27,7 +27,7 @@ class HostTier(StoreTier):
         self.name = "host"
         self._budget = budget_bytes
         self._entries: OrderedDict[Name, bytes] = OrderedDict()  # LRU first
-        self._pins: Counter[Name] = Counter()
+        self._pins = Pins()
         self._used = 0
         self._lock = threading.Lock()
         self.on_evict = on_evict  # write-back hook: called with each evicted entry
@@ -94,11 +94,7 @@ class HostTier(StoreTier):
 
     def unpin(self, key: bytes, kind: Kind) -> None:
         with self._lock:
-            if self._pins[(key, kind)] <= 0:
-                raise RuntimeError(f"host: unpin of {key.hex()[:16]} ({kind.name}) not pinned")
-            self._pins[(key, kind)] -= 1
-            if not self._pins[(key, kind)]:
-                del self._pins[(key, kind)]
+            self._pins.release((key, kind), f"host: unpin of {key.hex()[:16]} ({kind.name})")
 
     def _make_room(self, incoming: int, evicted: list[tuple[Name, bytes]]) -> bool:
         if incoming > self._budget:

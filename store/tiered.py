@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flipjax.hybrid import check_interval, is_grid_page, usable_prefix
+from store.backend import Pins
 from store.disk import DiskTier
 from store.entry import Kind
 from store.host import HostTier
@@ -56,8 +57,8 @@ class TieredStore:
         self.counters: Counter[str] = Counter()
         self._queue: queue.Queue[Job] = queue.Queue(queue_size)
         self._lock = threading.Lock()
-        self._pins: Counter[tuple[bytes, Kind]] = Counter()  # by session checkpoints
-        self._host_pins: Counter[tuple[bytes, Kind]] = Counter()  # those the host tier took
+        self._pins = Pins()  # by session checkpoints
+        self._host_pins = Pins()  # those the host tier took
         host.on_evict = self._on_host_evict
         self._worker = threading.Thread(target=self._work, name="flipjax-store", daemon=True)
         self._worker.start()
@@ -172,11 +173,9 @@ class TieredStore:
     def unpin(self, key: bytes, kind: Kind) -> None:
         with self._lock:
             name = (key, kind)
-            if self._pins[name] <= 0:
-                raise RuntimeError(f"store: unpin of {key.hex()[:16]} ({kind.name}) not pinned")
-            _drop(self._pins, name)
+            self._pins.release(name, f"store: unpin of {key.hex()[:16]} ({kind.name})")
             if self._host_pins[name]:
-                _drop(self._host_pins, name)
+                self._host_pins.release(name, "host pin")
                 self.host.unpin(key, kind)
             if self.disk is not None:
                 self.disk.unpin(key, kind)
@@ -299,8 +298,3 @@ class _DiskPut:
 Job = Callable[[], None] | _DiskPut | None
 _MAX_BATCH = 64  # a batch holds the disk tier's lock; bound how long a reader can wait
 
-
-def _drop(counter: Counter, name: object) -> None:
-    counter[name] -= 1
-    if not counter[name]:
-        del counter[name]

@@ -201,3 +201,22 @@ def test_put_many_refuses_what_does_not_fit_and_keeps_the_rest(tmp_path):
     assert tier.put_many(items) == [True, False, True]
     assert tier.counters["refused"] == 1
     assert tier.get(key(1), Kind.KV_PAGE) == small
+
+
+def test_pinned_entries_outlive_eviction_until_unpinned(tmp_path):
+    payload = b"p" * 1000
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=3 * (HEADER_BYTES + 1000))
+    tier.pin(key(0), Kind.KV_PAGE)  # pinned before it is written: it lands pinned
+    for i in range(6):
+        assert tier.put(key(i), Kind.KV_PAGE, payload)
+    assert tier.contains(key(0), Kind.KV_PAGE), "the oldest entry was pinned"
+    assert not tier.contains(key(1), Kind.KV_PAGE) and tier.counters["evictions"] == 3
+    tier.pin(key(5), Kind.KV_PAGE)
+    tier.pin(key(4), Kind.KV_PAGE)
+    assert not tier.put(key(9), Kind.KV_PAGE, payload), "only pinned entries are left"
+    assert tier.counters["refused"] == 1
+    tier.unpin(key(0), Kind.KV_PAGE)
+    assert tier.put(key(9), Kind.KV_PAGE, payload)
+    assert not tier.contains(key(0), Kind.KV_PAGE)
+    with pytest.raises(RuntimeError, match="not pinned"):
+        tier.unpin(key(0), Kind.KV_PAGE)
