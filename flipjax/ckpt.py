@@ -23,8 +23,8 @@ def main(argv: list[str] | None = None) -> None:
     inspect.add_argument("out_dir")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    from flipjax import orbax_ckpt
-    from flipjax.engine import parse_dtype
+    from flipjax.engine.engine import parse_dtype
+    from flipjax.model import orbax_io as orbax_ckpt
 
     if args.command == "convert":
         written = orbax_ckpt.convert(args.hf_dir, args.out_dir, parse_dtype(args.dtype))

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     import uvicorn
 
-    from flipjax.engine import Engine
+    from flipjax.engine.engine import Engine
     from serve.api import create_app
 
     log = logging.getLogger("flipjax.serve")
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         engine.arm(layout)
         log.info("armed layout %s", layout)
     autopilot = _autopilot(args, engine, log)
-    from serve.chat import load_template
+    from serve.chat_template import load_template
 
     template = load_template(None if args.model == "tiny" else args.model)
     log.info(
@@ -105,7 +105,7 @@ def _autopilot(args: argparse.Namespace, engine: Any, log: logging.Logger) -> An
     """The automatic phase policy, calibrated in both layouts; None when manual."""
     if args.phase_policy == "manual":
         return None
-    from sharding.autopilot import Autopilot
+    from flipjax.engine.pilot import Autopilot
     from sharding.policy import PolicyConfig
 
     autopilot = Autopilot(PolicyConfig(prefill_layout=engine.layout, decode_layout=args.arm[0]))
@@ -123,8 +123,8 @@ def _autopilot(args: argparse.Namespace, engine: Any, log: logging.Logger) -> An
 
 def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any, Any]:
     """The KV store behind the engine, keyed by the model's config, weights and KV dtype."""
-    from flipjax.config import ModelConfig
-    from flipjax.tiny import TINY_NAME, TINY_SEED, tiny_config
+    from flipjax.model.config import ModelConfig
+    from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_config
     from serve.store_routes import StoreControl
     from store.keys import files_fingerprint
     from store.open import disk_folder, open_checkpoints, open_store

@@ -7,9 +7,8 @@ kernel. On a GPU the kernels are compiled Pallas (`--shapes full` by default, de
 GQA 16/2, head_dim 128 and 256, bf16; a 512-token prefill chunk; GDN at 8k tokens); elsewhere
 they run in interpret mode on small shapes, which proves the script, not the speed.
 
-Like flipjax's CLI modules this is an entry point, so it may use flipjax (the GDN reference in
-`flipjax.gdn`, the timing helpers of `flipjax.benchmarks.machine`); the kernel modules stay
-free of flipjax imports.
+Like flipjax's CLI modules this is an entry point, so it may use flipjax (the timing helpers of
+`flipjax.benchmarks.machine`); the kernel modules stay free of flipjax imports.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flipjax import gdn
 from flipjax.benchmarks.machine import best_of, copy_bandwidth_gbs
+from kernels_pallas import gdn_reference as gdn
 from kernels_pallas.gdn import gated_delta_rule_step
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 

@@ -1,9 +1,10 @@
 """Pallas kernels for the gated delta rule: the chunkwise (WY/UT) prefill form and the one-step
 decode update.
 
-Both take the inputs `flipjax.gdn` prepares (key heads repeated to value heads, q and k
-l2-normalised, q scaled, padding with g = beta = 0; all fp32, head-major) and the fp32 state,
-and return outputs and the final state. `flipjax.gdn` is their reference. One program owns one
+Both take the inputs `kernels_pallas.gdn_reference` prepares (key heads repeated to value
+heads, q and k l2-normalised, q scaled, padding with g = beta = 0; all fp32, head-major) and the
+fp32 state, and return outputs and the final state. `kernels_pallas.gdn_reference` holds their
+references. One program owns one
 (request, value head): its [dk, dv] state stays in registers across the whole sequence, so it
 is read and written once per call. This module imports nothing from flipjax.
 """

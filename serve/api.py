@@ -28,10 +28,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
-from flipjax.engine import Engine, Output
-from flipjax.sampling import SamplingParams
-from flipjax.tiny import TINY_DESCRIPTION, TINY_NAME
-from serve.chat import DEFAULT_TEMPLATE, ChatTemplate
+from flipjax.engine.engine import Engine, Output
+from flipjax.engine.pilot import Autopilot
+from flipjax.model.tiny import TINY_DESCRIPTION, TINY_NAME
+from flipjax.runtime.sampling import SamplingParams
+from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from serve.detokenize import IncrementalText
 from serve.engine_loop import EngineLoop, Update
 from serve.metrics import Metrics
@@ -49,7 +50,6 @@ from serve.protocol import (
 from serve.session_routes import add_session_routes
 from serve.store_routes import StoreControl, add_store_routes
 from serve.streaming import ChunkBuilder, collect, stream
-from sharding.autopilot import Autopilot
 
 Submitted = tuple[str, asyncio.Queue[Update]]
 

@@ -12,7 +12,7 @@ of it is released.
 
 from __future__ import annotations
 
-from flipjax.tokenizer import Tokenizer
+from flipjax.model.tokenizer import Tokenizer
 
 _INCOMPLETE = "\ufffd"
 

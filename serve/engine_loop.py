@@ -20,8 +20,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from flipjax.engine import Engine, Output
-from sharding.autopilot import Autopilot
+from flipjax.engine.engine import Engine, Output
+from flipjax.engine.pilot import Autopilot
 
 log = logging.getLogger("flipjax.serve")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from flipjax.engine import Engine, Output
+from flipjax.engine.engine import Engine, Output
 
 TIERS = ("device", "host", "disk")
 RELIEF_STEPS = ("evicted", "throttled", "retracted", "parked")

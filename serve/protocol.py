@@ -13,8 +13,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flipjax.engine import Output
-from flipjax.sampling import SamplingParams
+from flipjax.engine.engine import Output
+from flipjax.runtime.sampling import SamplingParams
 
 
 class SamplingFields(BaseModel):

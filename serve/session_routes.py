@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from flipjax.engine import Engine
-from flipjax.sampling import SamplingParams
+from flipjax.engine.engine import Engine
+from flipjax.runtime.sampling import SamplingParams
 from serve.engine_loop import EngineLoop
 from serve.protocol import BranchRequest, CheckpointRequest, RewindRequest, bad_request, error
 

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from flipjax.engine import Engine
+from flipjax.engine.engine import Engine
 from serve.engine_loop import EngineLoop
 from serve.protocol import error, parse
 from store.disk import DiskTier

@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from flipjax.engine import Output
+from flipjax.engine.engine import Output
 from serve.detokenize import IncrementalText
 from serve.engine_loop import EngineLoop, Update
 from serve.protocol import usage

@@ -24,11 +24,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from flipjax import cache_io
-from flipjax.binding import Binding, compile_programs
-from flipjax.cache import CacheState
-from flipjax.model_runner import ModelRunner
-from flipjax.placement import Placement
+from flipjax.runtime import cache_io
+from flipjax.runtime.binding import Binding, compile_programs
+from flipjax.runtime.cache import CacheState
+from flipjax.runtime.model_runner import ModelRunner
+from flipjax.runtime.placement import Placement
 from sharding.layout import Layout, parse_layout, placement_for
 
 

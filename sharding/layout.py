@@ -1,7 +1,7 @@
 """Layouts: tensor parallel (`TP`) and uneven stage pipelines (`PP`), and their placements.
 
 A layout is a description (`tp:2`, `pp:5,3`, `pp:4,4@2,2`); `placement_for` checks it against
-the model and the devices and turns it into a `flipjax.placement.Placement` that maps every
+the model and the devices and turns it into a `flipjax.runtime.placement.Placement` that maps every
 leaf of the engine state to a `NamedSharding`. Under TP, attention and GDN heads and MLP and
 expert intermediate dimensions are split Megatron-style (column-parallel in, row-parallel out)
 over a mesh axis "tp"; KV heads are split when the width divides them and replicated otherwise;
@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from flipjax.config import ModelConfig
-from flipjax.placement import (
+from flipjax.model.config import ModelConfig
+from flipjax.runtime.placement import (
     REPLICATED,
     ParamRule,
     Placement,
@@ -28,7 +28,7 @@ from flipjax.placement import (
     replicate_all,
     single_device,
 )
-from flipjax.stages import StageSpan
+from flipjax.runtime.stages import StageSpan
 
 AXIS = "tp"
 

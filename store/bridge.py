@@ -1,4 +1,4 @@
-"""StoreBridge: the engine's view of the tiered store (flipjax.prefix.PrefixStore).
+"""StoreBridge: the engine's view of the tiered store (flipjax.engine.prefix.PrefixStore).
 
 It turns canonical arrays into payloads and keys and back. A fetch looks the prefix up under
 the hybrid rule, reads every KV page first and the GDN state last, and returns nothing unless
@@ -11,7 +11,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from flipjax.prefix import FetchedPrefix
+from flipjax.engine.prefix import FetchedPrefix
 from store.entry import Kind
 from store.keys import page_keys
 from store.payload import PayloadLayout

@@ -18,8 +18,8 @@ import threading
 from collections import Counter
 from typing import Any
 
-from flipjax.sampling import SamplingParams
-from flipjax.sessions import CheckpointError, CheckpointState
+from flipjax.engine.sessions import CheckpointError, CheckpointState
+from flipjax.runtime.sampling import SamplingParams
 from store.disk import fsync_path
 from store.entry import Kind
 from store.keys import page_keys

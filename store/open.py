@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 from store.bridge import StoreBridge
 from store.checkpoints import CheckpointBook
 from store.disk import DiskTier

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 
 _DTYPES = {"float32": np.dtype("<f4"), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 

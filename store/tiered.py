@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from flipjax.hybrid import check_interval, is_grid_page, usable_prefix
+from flipjax.runtime.hybrid import check_interval, is_grid_page, usable_prefix
 from store.backend import Pins
 from store.disk import DiskTier
 from store.entry import Kind

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flipjax import Engine
-from flipjax.radix_cache import OWNER
+from flipjax.engine.radix_cache import OWNER
 
 
 def assert_pools_returned(engine: Engine) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flipjax import Engine
-from flipjax.engine import StepStats
-from sharding.autopilot import Autopilot
+from flipjax.engine.engine import StepStats
+from flipjax.engine.pilot import Autopilot
 from sharding.policy import FlipCosts, PolicyConfig
 from tests.pool_checks import assert_pools_returned
 

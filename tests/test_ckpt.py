@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flipjax import Engine, ckpt, orbax_ckpt
-from flipjax.config import ModelConfig
-from flipjax.model_runner import Row
+from flipjax import Engine, ckpt
+from flipjax.model import orbax_io as orbax_ckpt
+from flipjax.model.config import ModelConfig
+from flipjax.runtime.model_runner import Row
 from sharding.layout import placement_for
 from tests.hf_oracle import make_checkpoint
 

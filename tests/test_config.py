@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 
 RAW = {
     "model_type": "qwen3_next",

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from flipjax.tokenizer import ByteTokenizer
+from flipjax.model.tokenizer import ByteTokenizer
 from serve.detokenize import IncrementalText
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flipjax import gdn
+from kernels_pallas import gdn_reference as gdn
 
 
 def _inputs(seed: int, b: int, t: int, hk: int, hv: int, dk: int, dv: int):

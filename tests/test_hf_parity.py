@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from flipjax import Engine, gdn
-from flipjax.model import forward, init_cache
+from flipjax import Engine
+from flipjax.model.qwen3_next import forward, init_cache
+from kernels_pallas import gdn_reference as gdn
 from tests.hf_oracle import CONFIGS, make_checkpoint
 
 PROMPT = [5, 17, 99, 3, 42, 7, 64, 1, 88, 23, 11, 120, 9, 33, 71, 2, 45, 60, 12, 101]

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flipjax import gdn
 from kernels_pallas import dispatch
+from kernels_pallas import gdn_reference as gdn
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from flipjax import Engine, SamplingParams
-from flipjax.config import EngineConfig
-from flipjax.model import forward, init_cache
-from flipjax.model_runner import Row
-from flipjax.tiny import tiny_model
-from flipjax.tokenizer import ByteTokenizer
+from flipjax.model.config import EngineConfig
+from flipjax.model.qwen3_next import forward, init_cache
+from flipjax.model.tiny import tiny_model
+from flipjax.model.tokenizer import ByteTokenizer
+from flipjax.runtime.model_runner import Row
 from tests.pool_checks import assert_pools_returned
 
 PROMPTS = [[(i * 7 + 3) % 256 for i in range(n)] for n in (1, 5, 15, 16, 17, 31, 44, 60)]

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import pytest
 
 from flipjax import Engine, SamplingParams
-from flipjax.cache import PagePool, SlotPool
-from flipjax.config import EngineConfig
-from flipjax.radix_cache import OWNER, RadixCache
-from flipjax.tiny import tiny_model
-from flipjax.tokenizer import ByteTokenizer
+from flipjax.engine.radix_cache import OWNER, RadixCache
+from flipjax.model.config import EngineConfig
+from flipjax.model.tiny import tiny_model
+from flipjax.model.tokenizer import ByteTokenizer
+from flipjax.runtime.cache import PagePool, SlotPool
 from tests.pool_checks import assert_pools_returned
 
 PS, GRID = 4, 8  # page size and GDN grid for the bare-tree tests

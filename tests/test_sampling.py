@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from flipjax.sampling import (
+from flipjax.runtime.sampling import (
     SamplerRow,
     SamplingParams,
     _apply_filters,

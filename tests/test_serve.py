@@ -209,7 +209,7 @@ def metric(server: str, name: str) -> float:
 
 
 def test_chat_completions_render_the_template(client):
-    from serve.chat import DEFAULT_TEMPLATE, ChatTemplate
+    from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     prompt = ChatTemplate(DEFAULT_TEMPLATE).render(messages)

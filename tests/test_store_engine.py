@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from flipjax import Engine, SamplingParams
-from flipjax.cache_io import read_pages, read_slot
-from flipjax.config import EngineConfig
-from flipjax.tiny import tiny_model
-from flipjax.tokenizer import ByteTokenizer
+from flipjax.model.config import EngineConfig
+from flipjax.model.tiny import tiny_model
+from flipjax.model.tokenizer import ByteTokenizer
+from flipjax.runtime.cache_io import read_pages, read_slot
 from store.bridge import StoreBridge
 from store.disk import DiskTier
 from store.entry import Kind

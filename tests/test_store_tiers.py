@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from flipjax.hybrid import usable_prefix
+from flipjax.runtime.hybrid import usable_prefix
 from store.disk import DiskTier
 from store.entry import Kind
 from store.host import HostTier

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from flipjax import Engine
-from flipjax.weights import CheckpointError
+from flipjax.model.weights import CheckpointError
 from tests.hf_oracle import make_checkpoint
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]

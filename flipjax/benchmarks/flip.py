@@ -25,10 +25,10 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG  # noqa: E402
-from flipjax.config import EngineConfig, ModelConfig  # noqa: E402
-from flipjax.engine import Engine  # noqa: E402
-from flipjax.model import Qwen3NextForCausalLM  # noqa: E402
-from flipjax.tokenizer import ByteTokenizer  # noqa: E402
+from flipjax.engine.engine import Engine  # noqa: E402
+from flipjax.model.config import EngineConfig, ModelConfig  # noqa: E402
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
+from flipjax.model.tokenizer import ByteTokenizer  # noqa: E402
 
 ENGINE_OPTIONS = dict(num_pages=2048, max_running_requests=8, max_prefill_tokens=64)
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         _restart_child(*args.restart_child)
         return
 
-    from flipjax import orbax_ckpt
+    from flipjax.model import orbax_io as orbax_ckpt
     from sharding.flip import _shardings  # the same target trees the flip moves
 
     cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 
 if TYPE_CHECKING:  # store sits above flipjax: imported inside main(), never at module level
     from store.backend import StoreTier

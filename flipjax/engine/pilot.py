@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sharding.policy import FlipCosts, FlipTo, PolicyConfig, Snapshot, Throughput, decide
 
 if TYPE_CHECKING:
-    from flipjax.engine import Engine, StepStats
+    from flipjax.engine.engine import Engine, StepStats
 
 
 @dataclass

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.attention import ContiguousKV, Qwen3NextAttention
-from flipjax.config import FULL_ATTENTION, ModelConfig
-from flipjax.gated_deltanet import Qwen3NextGatedDeltaNet
-from flipjax.layers import Embedding, Linear, RMSNorm
-from flipjax.mlp import Qwen3NextMLP, Qwen3NextSparseMoeBlock
+from flipjax.model.attention import ContiguousKV, Qwen3NextAttention
+from flipjax.model.config import FULL_ATTENTION, ModelConfig
+from flipjax.model.gated_deltanet import Qwen3NextGatedDeltaNet
+from flipjax.model.layers import Embedding, Linear, RMSNorm
+from flipjax.model.mlp import Qwen3NextMLP, Qwen3NextSparseMoeBlock
 
 Cache = tuple[Any, ...]
 

@@ -25,24 +25,24 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax import cache_io
-from flipjax.buckets import pow2_bucket
-from flipjax.cache import PagePool, SlotPool
-from flipjax.config import EngineConfig, ModelConfig
-from flipjax.model import Qwen3NextForCausalLM, forward, init_cache
-from flipjax.model_runner import ModelRunner, Row
-from flipjax.orbax_ckpt import abstract_params, is_orbax, restore_params
-from flipjax.prefix import PrefixStore
-from flipjax.prefix_reuse import PrefixReuse
-from flipjax.radix_cache import RadixCache
-from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams
-from flipjax.scheduler import Scheduler
-from flipjax.sequence import Sequence, TokenLogprob
-from flipjax.sessions import CheckpointBook, CheckpointError, Session, capture, continuation
-from flipjax.stopping import append_token
-from flipjax.tiny import TINY_NAME, tiny_model
-from flipjax.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from flipjax.weights import load_params
+from flipjax.engine.prefix import PrefixStore
+from flipjax.engine.prefix_reuse import PrefixReuse
+from flipjax.engine.radix_cache import RadixCache
+from flipjax.engine.scheduler import Scheduler
+from flipjax.engine.sequence import Sequence, TokenLogprob
+from flipjax.engine.sessions import CheckpointBook, CheckpointError, Session, capture, continuation
+from flipjax.engine.stopping import append_token
+from flipjax.model.config import EngineConfig, ModelConfig
+from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM, forward, init_cache
+from flipjax.model.tiny import TINY_NAME, tiny_model
+from flipjax.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from flipjax.model.weights import load_params
+from flipjax.runtime import cache_io
+from flipjax.runtime.buckets import pow2_bucket
+from flipjax.runtime.cache import PagePool, SlotPool
+from flipjax.runtime.model_runner import ModelRunner, Row
+from flipjax.runtime.sampling import SamplerOutputs, SamplerRow, SamplingParams
 
 if TYPE_CHECKING:
     from sharding.flip import FlipRecord

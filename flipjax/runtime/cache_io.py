@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flipjax.buckets import pow2_bucket
-from flipjax.cache import CacheState, GDNSlots, KVPages
+from flipjax.runtime.buckets import pow2_bucket
+from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
 
 
 @jax.jit

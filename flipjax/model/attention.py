@@ -2,7 +2,7 @@
 
 The module computes q/k/v and hands them to its layer cache's `update_and_attend`, so the same
 layer runs over a contiguous per-request cache (`ContiguousKV`, the reference) and over paged
-KV in the engine (`flipjax.paged.PagedKV`). Masking is by position: padding has position -1.
+KV in the engine (`flipjax.runtime.paged.PagedKV`). Masking is by position: padding has position -1.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.config import ModelConfig
-from flipjax.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
+from flipjax.model.config import ModelConfig
+from flipjax.model.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
 from kernels_pallas.paged_attention import masked_attention
 
 

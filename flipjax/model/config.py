@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from flipjax.hybrid import check_interval
+from flipjax.runtime.hybrid import check_interval
 
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"

@@ -15,8 +15,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flipjax.sampling import SamplingParams
-from flipjax.sequence import Sequence
+from flipjax.engine.sequence import Sequence
+from flipjax.runtime.sampling import SamplingParams
 
 
 class CheckpointError(ValueError):

@@ -18,10 +18,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flipjax.cache import CacheState, GDNSlots, KVPages
-from flipjax.config import ModelConfig
-from flipjax.stages import StageSpan
-from flipjax.weights import param_name
+from flipjax.model.config import ModelConfig
+from flipjax.model.weights import param_name
+from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
+from flipjax.runtime.stages import StageSpan
 
 REPLICATED = PartitionSpec()
 # (parameter path like "model.layers.3.self_attn.q_proj.weight", shape) -> spec in its stage

@@ -7,7 +7,7 @@ Shapes are what make XLA compile, so they are kept to a small fixed set: a decod
 longest request allowed (attention walks only the blocks the batch needs). `warmup` compiles
 that whole set, after which serving never compiles the model step; every compilation is
 counted. The state and the step programs are reached through `self.binding` (see
-`flipjax.binding`), the one object a layout flip swaps; programs are cached per process, so
+`flipjax.runtime.binding`), the one object a layout flip swaps; programs are cached per process, so
 engines over the same model and placement share them.
 """
 
@@ -21,14 +21,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax.binding import Binding
-from flipjax.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
-from flipjax.cache import CacheState, init_cache_state
-from flipjax.compile_counter import CompileCounter
-from flipjax.config import ModelConfig
-from flipjax.placement import Placement, single_device
-from flipjax.sampling import SamplerOutputs, SamplerRow, SamplingParams, build_inputs, sample
-from flipjax.stages import ModelParts
+from flipjax.model.config import ModelConfig
+from flipjax.runtime.binding import Binding
+from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
+from flipjax.runtime.cache import CacheState, init_cache_state
+from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.placement import Placement, single_device
+from flipjax.runtime.sampling import (
+    SamplerOutputs,
+    SamplerRow,
+    SamplingParams,
+    build_inputs,
+    sample,
+)
+from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch
 
 

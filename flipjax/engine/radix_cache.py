@@ -4,7 +4,8 @@ Each node is one full page of tokens under its parent's prefix and holds a refer
 page that has them (the cache is one more holder in the `PagePool`). A node whose end lies on
 the GDN checkpoint grid may also hold a state slot (owned by the cache in the `SlotPool`) with
 the recurrent state after its last token. A match is usable only up to the deepest node on the
-path that has a state: the hybrid rule of `flipjax.hybrid`, the same function the store calls.
+path that has a state: the hybrid rule of `flipjax.runtime.hybrid`, the same function the store
+calls.
 
 Eviction is least recently used. Pages go leaf first, and only where the cache is the last
 holder (freeing a page a running request still holds would free nothing). A state can go on its
@@ -20,8 +21,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flipjax.cache import PagePool, SlotPool
-from flipjax.hybrid import check_interval, is_grid_page, usable_prefix
+from flipjax.runtime.cache import PagePool, SlotPool
+from flipjax.runtime.hybrid import check_interval, is_grid_page, usable_prefix
 
 OWNER = "prefix-cache"  # the cache's name in the pools' ledgers
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flipjax.buckets import pow2_bucket
+from flipjax.runtime.buckets import pow2_bucket
 
 MAX_LOGPROBS = 20
 

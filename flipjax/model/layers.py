@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float) -> jax.Array:

@@ -20,7 +20,7 @@ from flax import nnx
 from safetensors import safe_open
 from tqdm import tqdm
 
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
-from flipjax.model import Qwen3NextForCausalLM
-from flipjax.tokenizer import ByteTokenizer
+from flipjax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.tokenizer import ByteTokenizer
 
 TINY_NAME = "tiny"
 TINY_SEED = 0

@@ -20,11 +20,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flipjax.cache import GDNSlots, KVPages
-from flipjax.config import FULL_ATTENTION, ModelConfig
-from flipjax.gdn import GDNState
-from flipjax.stages import ModelParts, StageParams, StageSpan, stage_forward
+from flipjax.model.config import FULL_ATTENTION, ModelConfig
+from flipjax.runtime.cache import GDNSlots, KVPages
+from flipjax.runtime.stages import ModelParts, StageParams, StageSpan, stage_forward
 from kernels_pallas import dispatch
+from kernels_pallas.gdn_reference import GDNState
 from kernels_pallas.paged_attention import write_pages
 
 

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.config import ModelConfig
-from flipjax.layers import Linear
+from flipjax.model.config import ModelConfig
+from flipjax.model.layers import Linear
 
 
 class Qwen3NextMLP(nnx.Module):

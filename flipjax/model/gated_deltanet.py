@@ -1,7 +1,7 @@
 """The Gated DeltaNet mixer layer (Qwen3-Next `linear_attn`): projections, conv, delta rule.
 
-The math lives in `flipjax.gdn`; this module only shapes checkpoint tensors into its inputs.
-`gdn.prefill_rule` picks the delta-rule form for the call's length and backend.
+The math lives in `kernels_pallas.gdn_reference`; this module only shapes checkpoint tensors
+into its inputs. `gdn.prefill_rule` picks the delta-rule form for the call's length and backend.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax import gdn
-from flipjax.config import ModelConfig
-from flipjax.layers import Linear, RMSNormGated
+from flipjax.model.config import ModelConfig
+from flipjax.model.layers import Linear, RMSNormGated
+from kernels_pallas import gdn_reference as gdn
 
 
 class Conv1d(nnx.Module):

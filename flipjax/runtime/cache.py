@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 
 
 class KVPages(NamedTuple):

@@ -21,9 +21,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from flipjax.config import ModelConfig
-from flipjax.model import Qwen3NextForCausalLM
-from flipjax.weights import load_params, param_name
+from flipjax.model.config import ModelConfig
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.weights import load_params, param_name
 
 MARKER = "flipjax_orbax.json"
 FORMAT_VERSION = 1

@@ -12,7 +12,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from flipjax.sampling import SamplingParams
+from flipjax.runtime.sampling import SamplingParams
 
 
 class Status(enum.Enum):

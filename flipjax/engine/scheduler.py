@@ -21,10 +21,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flipjax.buckets import pages_for
-from flipjax.cache import PagePool, PoolExhausted, SlotPool
-from flipjax.radix_cache import RadixCache
-from flipjax.sequence import Sequence, Status
+from flipjax.engine.radix_cache import RadixCache
+from flipjax.engine.sequence import Sequence, Status
+from flipjax.runtime.buckets import pages_for
+from flipjax.runtime.cache import PagePool, PoolExhausted, SlotPool
 
 
 @dataclass

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from flipjax.sequence import Sequence, TokenLogprob
-from flipjax.tokenizer import Tokenizer
+from flipjax.engine.sequence import Sequence, TokenLogprob
+from flipjax.model.tokenizer import Tokenizer
 
 
 def append_token(

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.config import ModelConfig
+from flipjax.model.config import ModelConfig
 
 StageParams = dict[str, Any]
 
