@@ -24,7 +24,7 @@ import numpy as np
 
 from flipjax.benchmarks.machine import best_of, copy_bandwidth_gbs
 from kernels_pallas import gdn_reference as gdn
-from kernels_pallas.gdn import gated_delta_rule_step
+from kernels_pallas.gdn import delta_rule_kernel, gated_delta_rule_step
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
 
@@ -118,7 +118,7 @@ def check_gdn(s: Shapes, interpret: bool, repeats: int, copy: float) -> None:
     beta = jax.random.uniform(key[4], (1, t, h), jnp.float32)
     state = jnp.zeros((1, h, d, d), jnp.float32)
     valid = jnp.ones((1, t), bool)
-    kernel = jax.jit(lambda *a: gdn.delta_rule_kernel(*a, interpret=interpret))
+    kernel = jax.jit(lambda *a: delta_rule_kernel(*a, interpret=interpret))
     reference = jax.jit(gdn.delta_rule_chunked)
     args = (q, k, v, g, beta, state, valid)
     (ko, ks), (ro, rs) = kernel(*args), reference(*args)

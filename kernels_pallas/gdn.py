@@ -3,10 +3,10 @@ decode update.
 
 Both take the inputs `kernels_pallas.gdn_reference` prepares (key heads repeated to value
 heads, q and k l2-normalised, q scaled, padding with g = beta = 0; all fp32, head-major) and the
-fp32 state, and return outputs and the final state. `kernels_pallas.gdn_reference` holds their
-references. One program owns one
-(request, value head): its [dk, dv] state stays in registers across the whole sequence, so it
-is read and written once per call. This module imports nothing from flipjax.
+fp32 state, and return outputs and the final state; `delta_rule_kernel` takes raw layer inputs
+under the references' contract. `kernels_pallas.gdn_reference` holds the references. One
+program owns one (request, value head): its [dk, dv] state stays in registers across the whole
+sequence, so it is read and written once per call. This module imports nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from kernels_pallas.gdn_reference import prepare
 
 CHUNK_SIZE = 64
 
@@ -201,3 +203,26 @@ def gated_delta_rule_step(
         state.astype(f32),
     )
     return o, state
+
+
+def delta_rule_kernel(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    state: jax.Array,
+    valid: jax.Array,
+    interpret: bool = False,
+) -> tuple[jax.Array, jax.Array]:
+    """The kernels behind the references' contract (raw layer inputs, prepared here): the
+    one-step update for a single token, the chunked kernel otherwise."""
+    q, k, v, g, beta = prepare(q, k, v, g, beta, valid)
+    if q.shape[2] == 1:
+        o, state = gated_delta_rule_step(
+            q[:, :, 0], k[:, :, 0], v[:, :, 0], g[:, :, 0], beta[:, :, 0], state,
+            interpret=interpret,
+        )
+        return o[:, None], state
+    o, state = chunk_gated_delta_rule(q, k, v, g, beta, state, interpret=interpret)
+    return jnp.swapaxes(o, 1, 2), state

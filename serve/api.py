@@ -47,6 +47,7 @@ from serve.protocol import (
     parse,
     usage,
 )
+from serve.responses import text_completion
 from serve.session_routes import add_session_routes
 from serve.store_routes import StoreControl, add_store_routes
 from serve.streaming import ChunkBuilder, collect, stream
@@ -272,11 +273,11 @@ def create_app(
 
 
 def _phase(engine: Engine, autopilot: Autopilot | None) -> dict[str, Any]:
-    flips = engine.runner.flips
+    flips = engine.layouts.flips
     last = None if not flips else {**asdict(flips[-1]), "direction": flips[-1].direction}
     policy = autopilot.describe() if autopilot is not None else {"policy": "manual"}
     return {
-        "layout": engine.layout, "generation": engine.runner.generation, "last_flip": last,
+        "layout": engine.layout, "generation": engine.layouts.generation, "last_flip": last,
         "policy": policy,
     }  # fmt: skip
 
@@ -286,21 +287,3 @@ def _resolve(host: str) -> str:
         return str(ipaddress.ip_address(host))
     except ValueError:
         return socket.gethostbyname(host)
-
-
-def text_completion(cid: str, model: str) -> tuple[ChunkBuilder, Callable[[Output], Any]]:
-    """The chunk and final-body builders of a `text_completion` response."""
-
-    def chunk(delta: str, finish: str | None, use: dict[str, Any] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}],
-        }  # fmt: skip
-        return body if use is None else {**body, "usage": use}
-
-    def body(out: Output) -> dict[str, Any]:
-        full = chunk(out.text, out.finish_reason, usage(out))
-        full["choices"][0]["token_ids"] = out.token_ids
-        return full
-
-    return chunk, body

@@ -105,7 +105,7 @@ class Metrics:
         for tier, counters in stats.items():
             for event, total in counters.items():
                 self._advance(self.store.labels(tier, event), total)
-        flips = engine.runner.flips
+        flips = engine.layouts.flips
         for record in flips[self._flips_seen :]:
             self.flips.labels(record.direction).inc()
             self.flip_seconds.inc(record.total_ms / 1e3)

@@ -24,6 +24,7 @@ from flipjax.engine.engine import Engine
 from flipjax.runtime.sampling import SamplingParams
 from serve.engine_loop import EngineLoop
 from serve.protocol import BranchRequest, CheckpointRequest, RewindRequest, bad_request, error
+from serve.responses import text_completion
 
 # Fields of a branch request that are not sampling choices: leaving every other one out keeps
 # the checkpoint's own sampling parameters and RNG state.
@@ -39,8 +40,6 @@ def add_session_routes(
     respond: Callable[..., Awaitable[Response]],
     refusal: Callable[[Request], JSONResponse | None],
 ) -> None:
-    from serve.api import text_completion  # the completion shape lives with its route
-
     async def on_loop(fn: Callable[[Engine], Any]) -> Any:
         """Run `fn` between two steps; refusals become 400 and unknown ids 404."""
         try:

@@ -1,13 +1,14 @@
 """The live phase flip: move the one logical state to another layout and swap the binding.
 
-`flip(runner, layout)` checks the target (a `LayoutError` leaves everything as it was), makes
-sure the target's step programs are compiled (`arm`; a flip to an armed layout compiles
+`Layouts.flip(layout)` checks the target (a `LayoutError` leaves everything as it was), makes
+sure the target's step programs are compiled (`Layouts.arm`; a flip to an armed layout compiles
 nothing), copies every leaf to its target sharding with `jax.device_put` (device to device,
 never through the host), verifies every copy landed where the placement says, and only then
-swaps `runner.binding`. Until the swap the old binding serves and owns every array, so a
-failure at any point before it loses nothing. After the swap nothing refers to the old arrays,
-so they are freed; they are not deleted by hand, because a shard that already sat where the
-target wants it may be shared by the new array rather than copied.
+swaps `runner.binding`; `Layouts` keeps the generation and the flip records. Until the swap
+the old binding serves and owns every array, so a failure at any point before it loses nothing.
+After the swap nothing refers to the old arrays, so they are freed; they are not deleted by
+hand, because a shard that already sat where the target wants it may be shared by the new
+array rather than copied.
 
 Requests in flight need nothing: page and slot ids are logical, the scheduler's tables keep
 their meaning, and the next step simply runs on the new binding. The copy is not donated: a
@@ -70,8 +71,8 @@ def _move(tree: Any, shardings: Any) -> tuple[Any, float]:
     return moved, (time.perf_counter() - t0) * 1e3
 
 
-def arm(runner: ModelRunner, layout: str | Layout, state_io: bool = False) -> Placement:
-    """Check `layout` and compile everything a flip to it and back would compile.
+def arm(runner: ModelRunner, placement: Placement, state_io: bool = False) -> None:
+    """Compile everything a flip to `placement` and back would compile.
 
     That is the target's step programs for every serving shape, and the transfer programs
     `jax.device_put` builds to reshard each leaf between the two placements: those are warmed
@@ -81,7 +82,6 @@ def arm(runner: ModelRunner, layout: str | Layout, state_io: bool = False) -> Pl
     `state_io`, the programs that move pages and states (prefix cache and store) are warmed
     on the trial copy too. The binding is not touched.
     """
-    placement = placement_for(layout, runner.cfg)
     skeleton = runner.binding.rebind(placement, runner.binding.params, runner.binding.state)
     shapes = set(runner.shapes)
     for b, t in runner.shapes:  # the pieces a pipeline cuts steps into
@@ -97,8 +97,6 @@ def arm(runner: ModelRunner, layout: str | Layout, state_io: bool = False) -> Pl
             if state_io:  # on a copy: device_put may hand back a leaf already placed there
                 cache_io.warm(jax.tree.map(jnp.copy, there[1]), runner.table_width)
             del there, back
-    runner.armed[placement.name] = placement
-    return placement
 
 
 def _shardings(runner: ModelRunner, placement: Placement) -> tuple[Any, Any]:
@@ -114,31 +112,56 @@ def _check_landed(tree: Any, shardings: Any, what: str) -> None:
             raise FlipError(f"flip: a {what} leaf landed on {leaf.sharding}, not {want}")
 
 
-def flip(runner: ModelRunner, layout: str | Layout) -> FlipRecord | None:
-    """Move the runner's state to `layout`; None when it is already there."""
-    old = runner.binding
-    placement = runner.armed.get(str(parse_layout(layout))) or arm(runner, layout)
-    if placement.key == old.placement.key:
-        return None
-    t0 = time.perf_counter()
-    try:
-        with runner.compiles.watch():  # a compile here would be on the critical path: count it
-            new, moved = _placed_copy(runner, placement)
-    except FlipError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any failure here must leave the old layout bound
-        raise FlipError(f"flip to {placement.name} failed before the swap: {err}") from err
-    runner.binding = new  # the swap: from here on every reader sees the new layout
-    runner.generation += 1
-    record = FlipRecord(
-        source=old.placement.name,
-        target=placement.name,
-        generation=runner.generation,
-        total_ms=(time.perf_counter() - t0) * 1e3,
-        **moved,
-    )
-    runner.flips.append(record)
-    return record
+class Layouts:
+    """The layouts a runner can take, and the flips between them: the placements armed so far,
+    the binding generation (one per flip) and the record of every flip. It is the one writer
+    of `runner.binding` after the engine is built."""
+
+    def __init__(self, runner: ModelRunner, state_io: bool = False):
+        self.runner = runner
+        self.state_io = state_io  # also warm the page and state moves of the prefix cache/store
+        self.armed: dict[str, Placement] = {runner.binding.placement.name: runner.binding.placement}
+        self.generation = 0
+        self.flips: list[FlipRecord] = []
+
+    @property
+    def current(self) -> str:
+        return self.runner.binding.placement.name
+
+    def arm(self, layout: str | Layout) -> Placement:
+        """Check `layout` (`LayoutError` when the model or the devices cannot take it) and
+        compile everything a flip to it and back needs; the binding is not touched."""
+        placement = placement_for(layout, self.runner.cfg)
+        arm(self.runner, placement, self.state_io)
+        self.armed[placement.name] = placement
+        return placement
+
+    def flip(self, layout: str | Layout) -> FlipRecord | None:
+        """Move the runner's state to `layout`; None when it is already there."""
+        runner = self.runner
+        old = runner.binding
+        placement = self.armed.get(str(parse_layout(layout))) or self.arm(layout)
+        if placement.key == old.placement.key:
+            return None
+        t0 = time.perf_counter()
+        try:
+            with runner.compiles.watch():  # a compile here would be on the critical path
+                new, moved = _placed_copy(runner, placement)
+        except FlipError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure here must leave the old layout bound
+            raise FlipError(f"flip to {placement.name} failed before the swap: {err}") from err
+        runner.binding = new  # the swap: from here on every reader sees the new layout
+        self.generation += 1
+        record = FlipRecord(
+            source=old.placement.name,
+            target=placement.name,
+            generation=self.generation,
+            total_ms=(time.perf_counter() - t0) * 1e3,
+            **moved,
+        )
+        self.flips.append(record)
+        return record
 
 
 def _placed_copy(runner: ModelRunner, placement: Placement) -> tuple[Binding, dict[str, Any]]:

@@ -11,10 +11,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from flipjax.engine.prefix import FetchedPrefix
 from store.entry import Kind
 from store.keys import page_keys
 from store.payload import PayloadLayout
+from store.prefix import FetchedPrefix
 from store.tiered import TieredStore
 
 

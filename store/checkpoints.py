@@ -16,9 +16,9 @@ import logging
 import os
 import threading
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
-from flipjax.engine.sessions import CheckpointError, CheckpointState
 from flipjax.runtime.sampling import SamplingParams
 from store.disk import fsync_path
 from store.entry import Kind
@@ -27,6 +27,22 @@ from store.manifest import Manifest, ManifestError
 from store.tiered import TieredStore
 
 log = logging.getLogger("flipjax.store")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint operation refused: its message names the reason."""
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """What a checkpoint holds, free of any layout."""
+
+    token_ids: list[int]  # every token up to the requested position
+    prompt_len: int
+    position: int  # on the grid: the store holds pages and the GDN anchor up to here
+    sampling: SamplingParams
+    seed: int
+    chat: list[dict[str, str]] | None = None
 
 
 class CheckpointBook:

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flipjax.model.gated_deltanet import causal_conv
 from kernels_pallas import gdn_reference as gdn
 
 
@@ -70,9 +71,9 @@ def test_causal_conv_state_continues():
     w = jax.random.normal(jax.random.PRNGKey(1), (6, 4))
     state0 = jnp.zeros((2, 3, 6))
     ones = jnp.ones((2, 10), bool)
-    y_all, s_all = gdn.causal_conv(x, w, state0, ones)
-    y1, s1 = gdn.causal_conv(x[:, :7], w, state0, ones[:, :7])
-    y2, s2 = gdn.causal_conv(x[:, 7:], w, s1, ones[:, 7:])
+    y_all, s_all = causal_conv(x, w, state0, ones)
+    y1, s1 = causal_conv(x[:, :7], w, state0, ones[:, :7])
+    y2, s2 = causal_conv(x[:, 7:], w, s1, ones[:, 7:])
     np.testing.assert_allclose(np.concatenate([y1, y2], 1), y_all, atol=1e-6)
     np.testing.assert_allclose(s2, s_all)
     np.testing.assert_allclose(s_all, x[:, -3:])

@@ -9,7 +9,7 @@ import torch
 
 from flipjax import Engine
 from flipjax.model.qwen3_next import forward, init_cache
-from kernels_pallas import gdn_reference as gdn
+from kernels_pallas import dispatch
 from tests.hf_oracle import CONFIGS, make_checkpoint
 
 PROMPT = [5, 17, 99, 3, 42, 7, 64, 1, 88, 23, 11, 120, 9, 33, 71, 2, 45, 60, 12, 101]
@@ -59,7 +59,7 @@ def test_prefill_in_two_chunks_continues_exactly(pair):
 @pytest.mark.parametrize("form", ["chunked", "recurrent"])
 def test_both_prefill_forms_match(pair, monkeypatch, form):
     hf, _, folder = pair
-    monkeypatch.setenv(gdn.PREFILL_FORM_ENV, form)
+    monkeypatch.setenv(dispatch.PREFILL_FORM_ENV, form)
     with torch.no_grad():
         want = hf(torch.tensor([PROMPT * 4])).logits[0].numpy()  # 80 tokens: two chunks
     got = Engine.from_pretrained(folder).prompt_logits(PROMPT * 4)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from kernels_pallas import dispatch
 from kernels_pallas import gdn_reference as gdn
+from kernels_pallas.gdn import delta_rule_kernel
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -118,7 +119,7 @@ def test_gdn_kernels_match_reference(t, lengths):
     """Outputs and the returned final state, with a non-zero starting state and padding."""
     args = gdn_inputs(t, t, lengths)
     valid = np.asarray(args[-1])
-    got_o, got_s = gdn.delta_rule_kernel(*args, interpret=True)
+    got_o, got_s = delta_rule_kernel(*args, interpret=True)
     for reference in (gdn.delta_rule_recurrent, gdn.delta_rule_chunked):
         want_o, want_s = reference(*args)
         np.testing.assert_allclose(np.asarray(got_o)[valid], np.asarray(want_o)[valid], atol=1e-5)
@@ -132,8 +133,8 @@ def test_dispatch_modes(monkeypatch):
     assert dispatch.current_mode() == "interpret"
     with dispatch.kernels("reference"):
         assert dispatch.current_mode() == "reference"
-        assert gdn.prefill_rule(1) is gdn.delta_rule_recurrent
-    assert gdn.prefill_rule(1).func is gdn.delta_rule_kernel
+        assert dispatch.delta_rule(1) is gdn.delta_rule_recurrent
+    assert dispatch.delta_rule(1).func is delta_rule_kernel
     monkeypatch.setenv(dispatch.KERNELS_ENV, "triton")
     with pytest.raises(ValueError, match="FLIPJAX_KERNELS"):
         dispatch.current_mode()

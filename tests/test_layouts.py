@@ -101,8 +101,8 @@ def test_flip_mid_generation_both_ways(engine, straight):
     # The 17- and 40-token prompts reused cached pages and states written before the flip.
     assert engine.prefix_counters["hit_tokens_device"] - hits == 16 + 32
     assert engine.compile_count == before, "a flip between armed layouts compiled"
-    record = engine.runner.flips[-1]
-    assert record.direction == "tp:2->pp:5,3" and record.generation == engine.runner.generation
+    record = engine.layouts.flips[-1]
+    assert record.direction == "tp:2->pp:5,3" and record.generation == engine.layouts.generation
     assert record.weights_bytes == sum(x.nbytes for x in jax.tree.leaves(engine.params))
     assert record.kv_bytes > 0 and record.gdn_bytes > 0 and record.total_ms > 0
 
@@ -115,9 +115,9 @@ def live_arrays() -> int:
 def test_ten_round_trips_in_a_row(engine, straight):
     live = live_arrays()
     flips = {i: ("tp:2" if i % 2 == 0 else "pp:5,3") for i in range(20)}  # a flip every step
-    generation = engine.runner.generation
+    generation = engine.layouts.generation
     assert run(engine, flips) == straight
-    assert engine.runner.generation == generation + 20
+    assert engine.layouts.generation == generation + 20
     assert engine.layout == "pp:5,3"
     assert live_arrays() == live, "a flip left arrays behind"
 
@@ -147,10 +147,10 @@ def test_failure_mid_flip_leaves_the_old_binding_serving(engine, straight, monke
         return real_move(tree, shardings)
 
     monkeypatch.setattr(flip_module, "_move", failing_move)
-    binding, generation = engine.runner.binding, engine.runner.generation
+    binding, generation = engine.runner.binding, engine.layouts.generation
     with pytest.raises(flip_module.FlipError, match="injected: device lost"):
         engine.flip("tp:2")
-    assert engine.runner.binding is binding and engine.runner.generation == generation
+    assert engine.runner.binding is binding and engine.layouts.generation == generation
     assert engine.layout == "pp:5,3"
     monkeypatch.setattr(flip_module, "_move", real_move)
     assert run(engine, {2: "tp:2", 4: "pp:5,3"}) == straight

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flipjax import Engine, SamplingParams
-from flipjax.model.config import EngineConfig
+from flipjax.engine.config import EngineConfig
 from flipjax.model.qwen3_next import forward, init_cache
 from flipjax.model.tiny import tiny_model
 from flipjax.model.tokenizer import ByteTokenizer

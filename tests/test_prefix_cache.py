@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 from flipjax import Engine, SamplingParams
+from flipjax.engine.config import EngineConfig
 from flipjax.engine.radix_cache import OWNER, RadixCache
-from flipjax.model.config import EngineConfig
 from flipjax.model.tiny import tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
 from flipjax.runtime.cache import PagePool, SlotPool

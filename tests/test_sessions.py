@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import pytest
 
 from flipjax import Engine, SamplingParams
-from flipjax.engine.sessions import CheckpointError
-from flipjax.model.config import EngineConfig
+from flipjax.engine.config import EngineConfig
 from flipjax.model.tiny import TINY_SEED, tiny_config, tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
+from store.checkpoints import CheckpointError
 from store.entry import Kind
 from store.manifest import FORMAT_VERSION, Manifest, ManifestError
 from store.open import open_checkpoints, open_store

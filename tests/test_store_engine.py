@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from flipjax import Engine, SamplingParams
-from flipjax.model.config import EngineConfig
+from flipjax.engine.config import EngineConfig
 from flipjax.model.tiny import tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
 from flipjax.runtime.cache_io import read_pages, read_slot

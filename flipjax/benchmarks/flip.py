@@ -25,8 +25,9 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG  # noqa: E402
+from flipjax.engine.config import EngineConfig  # noqa: E402
 from flipjax.engine.engine import Engine  # noqa: E402
-from flipjax.model.config import EngineConfig, ModelConfig  # noqa: E402
+from flipjax.model.config import ModelConfig  # noqa: E402
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
 from flipjax.model.tokenizer import ByteTokenizer  # noqa: E402
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         for target in (args.b, args.a):
             records[target].append(engine.flip(target))
     tree = (runner.binding.params, runner.binding.state)
-    placements = {name: runner.armed[name] for name in (args.a, args.b)}
+    placements = {name: engine.layouts.armed[name] for name in (args.a, args.b)}
     shardings = {name: _shardings(runner, pl) for name, pl in placements.items()}
     copies = {}
     for source, target in ((args.a, args.b), (args.b, args.a)):

@@ -18,21 +18,21 @@ import secrets
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax.engine.prefix import PrefixStore
+from flipjax.engine.config import EngineConfig
 from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sequence import Sequence, TokenLogprob
-from flipjax.engine.sessions import CheckpointBook, CheckpointError, Session, capture, continuation
+from flipjax.engine.sessions import Session, capture, continuation
 from flipjax.engine.stopping import append_token
-from flipjax.model.config import EngineConfig, ModelConfig
+from flipjax.model.config import ModelConfig
 from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM, forward, init_cache
 from flipjax.model.tiny import TINY_NAME, tiny_model
@@ -43,9 +43,10 @@ from flipjax.runtime.buckets import pow2_bucket
 from flipjax.runtime.cache import PagePool, SlotPool
 from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.sampling import SamplerOutputs, SamplerRow, SamplingParams
-
-if TYPE_CHECKING:
-    from sharding.flip import FlipRecord
+from sharding.flip import FlipRecord, Layouts
+from sharding.layout import placement_for
+from store.checkpoints import CheckpointBook, CheckpointError
+from store.prefix import PrefixStore
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -123,15 +124,12 @@ class Engine:
             chunk_grid=self.gdn_interval if reuse else None, prefix_cache=self.prefix_cache,
         )  # fmt: skip
         self.max_model_len = ec.model_len(self.config)
-        placement = None
-        if layout is not None:
-            from sharding.layout import placement_for  # layouts sit above the engine
-
-            placement = placement_for(layout, self.config)
+        placement = placement_for(layout, self.config) if layout is not None else None
         self.runner = ModelRunner(
             self.config, self.graphdef, params, dtype, ec.page_size, ec.num_pages, ec.slots,
             self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens, placement,
         )  # fmt: skip
+        self.layouts = Layouts(self.runner, state_io=self._moves_state)
         self.reuse = PrefixReuse(
             self.runner, self.scheduler, ec.page_size, self.gdn_interval, self.prefix_cache,
             prefix_store,
@@ -181,8 +179,6 @@ class Engine:
         if is_orbax(path):
             shardings = None
             if layout is not None:
-                from sharding.layout import placement_for  # layouts sit above the engine
-
                 shardings = placement_for(layout, cfg).param_shardings(abstract)
             params = restore_params(path, cfg, abstract, shardings)
         else:
@@ -202,13 +198,11 @@ class Engine:
     @property
     def layout(self) -> str:
         """The current layout's text form: `single`, `tp:2`, `pp:5,3`, ..."""
-        return self.runner.binding.placement.name
+        return self.layouts.current
 
     def arm(self, layout: str) -> None:
         """Compile `layout`'s step programs now, so a later flip to it compiles nothing."""
-        from sharding.flip import arm  # layouts sit above the engine
-
-        arm(self.runner, layout, state_io=self._moves_state)
+        self.layouts.arm(layout)
 
     def flip(self, layout: str) -> FlipRecord | None:
         """Reshard the live state to `layout`; requests in flight continue where they are.
@@ -216,9 +210,7 @@ class Engine:
         Returns the flip's `FlipRecord` (None if already there). A refused or failed flip
         raises and leaves the engine serving in its old layout.
         """
-        from sharding.flip import flip  # layouts sit above the engine
-
-        return flip(self.runner, layout)
+        return self.layouts.flip(layout)
 
     # -- inputs ---------------------------------------------------------------------------------
 

@@ -15,12 +15,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from flipjax.engine.engine import Engine, StepStats
 from sharding.policy import FlipCosts, FlipTo, PolicyConfig, Snapshot, Throughput, decide
-
-if TYPE_CHECKING:
-    from flipjax.engine.engine import Engine, StepStats
 
 
 @dataclass

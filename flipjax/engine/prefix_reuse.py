@@ -14,12 +14,12 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flipjax.engine.prefix import PrefixStore
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sequence import Sequence
 from flipjax.runtime.cache_io import copy_slot, read_pages, read_slot, write_pages, write_slot
 from flipjax.runtime.model_runner import ModelRunner
+from store.prefix import PrefixStore
 
 
 class PrefixReuse:

@@ -13,8 +13,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from flipjax.runtime.hybrid import check_interval
-
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 LAYER_TYPES = (FULL_ATTENTION, LINEAR_ATTENTION)
@@ -218,50 +216,3 @@ def _validate(c: ModelConfig) -> None:
             raise ValueError("moe_intermediate_size: must be positive when experts are used")
     if any_dense and c.intermediate_size <= 0:
         raise ValueError("intermediate_size: must be positive for dense MLP layers")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How the engine pools and batches. Sizes are counts, not bytes."""
-
-    page_size: int = 16
-    num_pages: int = 1024
-    max_running_requests: int = 32
-    # GDN state slots; by default twice max_running_requests. Running requests hold one each;
-    # the device prefix cache keeps grid states in the rest.
-    num_slots: int | None = None
-    max_prefill_tokens: int = 2048  # prefill token budget per step
-    max_model_len: int | None = None  # prompt + output cap; default the model's context
-    # Tokens between cached GDN states, the points a prefix can be reused from; by default the
-    # prefix store's interval, or 256 without one.
-    gdn_checkpoint_interval: int | None = None
-    prefix_cache: bool = True  # keep finished requests' pages and grid states for reuse
-
-    def __post_init__(self) -> None:
-        for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-        if self.num_slots is not None and self.num_slots < self.max_running_requests:
-            raise ValueError(
-                f"num_slots: {self.num_slots} is below max_running_requests "
-                f"{self.max_running_requests}; every running request holds a slot"
-            )
-
-        if self.max_model_len is not None and self.max_model_len <= 0:
-            raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
-        if self.gdn_checkpoint_interval is not None:
-            check_interval(self.gdn_checkpoint_interval, self.page_size)
-
-    @property
-    def slots(self) -> int:
-        return self.num_slots if self.num_slots is not None else 2 * self.max_running_requests
-
-    def model_len(self, cfg: ModelConfig) -> int:
-        """The context this engine serves: max_model_len, capped by the model's own."""
-        limit = cfg.max_position_embeddings
-        if self.max_model_len is not None and self.max_model_len > limit:
-            raise ValueError(
-                f"max_model_len: {self.max_model_len} exceeds the model's context {limit}"
-            )
-        return self.max_model_len or limit

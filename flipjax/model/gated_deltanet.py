@@ -1,10 +1,14 @@
 """The Gated DeltaNet mixer layer (Qwen3-Next `linear_attn`): projections, conv, delta rule.
 
-The math lives in `kernels_pallas.gdn_reference`; this module only shapes checkpoint tensors
-into its inputs. `gdn.prefill_rule` picks the delta-rule form for the call's length and backend.
+The layer owns its per-request state (`GDNState`) and the causal conv that feeds the delta
+rule; the delta rule itself is picked by `kernels_pallas.dispatch.delta_rule` for the call's
+length and backend (the Pallas kernels, or the pure-JAX references beside them). State goes in
+and comes out explicitly, so prefill, chunked prefill and decode continue one another exactly.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +16,37 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.layers import Linear, RMSNormGated
-from kernels_pallas import gdn_reference as gdn
+from kernels_pallas import dispatch
+
+
+class GDNState(NamedTuple):
+    """Per-request GDN layer state.
+
+    recurrent: [B, Hv, dk, dv] float32, the delta-rule memory S.
+    conv: [B, K-1, conv_dim], the last K-1 conv inputs (time-major).
+    """
+
+    recurrent: jax.Array
+    conv: jax.Array
+
+
+def causal_conv(
+    x: jax.Array, weight: jax.Array, conv_state: jax.Array, valid: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Depthwise causal conv1d then SiLU.
+
+    x: [B, T, C]; weight: [C, K]; conv_state: [B, K-1, C]; valid: [B, T] bool.
+    Returns y: [B, T, C] and the new conv state (the last K-1 valid inputs).
+    """
+    kernel = weight.shape[-1]
+    t = x.shape[1]
+    xx = jnp.concatenate([conv_state.astype(x.dtype), x], axis=1)  # [B, K-1+T, C]
+    w = weight.astype(x.dtype)
+    y = sum(xx[:, j : j + t, :] * w[:, j] for j in range(kernel))
+    lengths = jnp.sum(valid.astype(jnp.int32), axis=1)
+    idx = lengths[:, None] + jnp.arange(kernel - 1)[None, :]
+    new_state = jnp.take_along_axis(xx, idx[:, :, None], axis=1)
+    return jax.nn.silu(y), new_state.astype(conv_state.dtype)
 
 
 class Conv1d(nnx.Module):
@@ -42,8 +76,8 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         self.out_proj = Linear(cfg.value_dim, cfg.hidden_size, dtype=dtype, rngs=rngs)
 
     def __call__(
-        self, x: jax.Array, positions: jax.Array, state: gdn.GDNState
-    ) -> tuple[jax.Array, gdn.GDNState]:
+        self, x: jax.Array, positions: jax.Array, state: GDNState
+    ) -> tuple[jax.Array, GDNState]:
         cfg = self.cfg
         b, t, _ = x.shape
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -61,7 +95,7 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         mixed = jnp.concatenate(
             [q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], axis=-1
         )
-        mixed, conv_state = gdn.causal_conv(
+        mixed, conv_state = causal_conv(
             mixed, self.conv1d.weight[...][:, 0, :], state.conv, valid
         )
         kd = cfg.key_dim
@@ -73,17 +107,17 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
             a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         )
-        rule = gdn.prefill_rule(t)
+        rule = dispatch.delta_rule(t)
         o, recurrent = rule(q, k, v, g, beta, state.recurrent, valid)
 
         o = self.norm(o.astype(x.dtype), z)
         out = self.out_proj(o.reshape(b, t, cfg.value_dim))
-        return out, gdn.GDNState(recurrent=recurrent, conv=conv_state)
+        return out, GDNState(recurrent=recurrent, conv=conv_state)
 
     @staticmethod
-    def empty_state(cfg: ModelConfig, batch: int, dtype: jnp.dtype) -> gdn.GDNState:
+    def empty_state(cfg: ModelConfig, batch: int, dtype: jnp.dtype) -> GDNState:
         hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        return gdn.GDNState(
+        return GDNState(
             recurrent=jnp.zeros((batch, hv, dk, dv), jnp.float32),
             conv=jnp.zeros((batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim), dtype),
         )

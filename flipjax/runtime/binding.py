@@ -26,13 +26,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, SingleDeviceSharding
 
 from flipjax.model.config import ModelConfig
+from flipjax.model.gated_deltanet import GDNState
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.paged import stage_step, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.stages import ModelParts, stage_params
-from kernels_pallas.gdn_reference import GDNState
 
 Shape = tuple[int, int]  # (rows, tokens per row) of one step
 _programs: dict[tuple[Any, ...], Any] = {}

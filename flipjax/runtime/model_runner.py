@@ -14,7 +14,6 @@ engines over the same model and placement share them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -76,11 +75,6 @@ class ModelRunner:
             kernels=self.kernels, dtype=dtype,
             table_width=self.table_width, compiles=self.compiles,
         )  # fmt: skip
-        # Layout bookkeeping, kept by `sharding.flip`: placements whose programs are compiled,
-        # the binding generation (one per flip) and what each flip moved.
-        self.armed: dict[str, Placement] = {self.binding.placement.name: self.binding.placement}
-        self.generation = 0
-        self.flips: list[Any] = []
 
     @property
     def params(self) -> nnx.State:

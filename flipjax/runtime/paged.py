@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from flipjax.model.config import FULL_ATTENTION, ModelConfig
+from flipjax.model.gated_deltanet import GDNState
 from flipjax.runtime.cache import GDNSlots, KVPages
 from flipjax.runtime.stages import ModelParts, StageParams, StageSpan, stage_forward
 from kernels_pallas import dispatch
-from kernels_pallas.gdn_reference import GDNState
 from kernels_pallas.paged_attention import write_pages
 
 

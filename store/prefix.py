@@ -1,5 +1,6 @@
-"""What the engine needs from a prefix store, stated without naming one (the store depends on
-flipjax, never the reverse). `store.bridge.StoreBridge` is the implementation.
+"""The interface the store offers the engine for prefixes: `PrefixStore`, and what a fetch
+returns. `store.bridge.StoreBridge` implements it over the tiered store; the engine (a layer
+above) is typed against this protocol only, so any store with these methods can stand in.
 """
 
 from __future__ import annotations
