@@ -11,13 +11,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flipjax.engine.engine import Engine, Output
+    from flipjax.engine.engine import Engine
+    from flipjax.engine.outputs import Output
     from flipjax.model.config import ModelConfig
     from flipjax.runtime.sampling import SamplingParams
 
 _PUBLIC = {
     "Engine": "flipjax.engine.engine",
-    "Output": "flipjax.engine.engine",
+    "Output": "flipjax.engine.outputs",
     "ModelConfig": "flipjax.model.config",
     "SamplingParams": "flipjax.runtime.sampling",
 }

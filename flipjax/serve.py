@@ -37,8 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="disk tier of the KV store ('none': host RAM only)")
     p.add_argument("--host-cache-gb", type=float, default=4.0)
     p.add_argument("--disk-cache-gb", type=float, default=32.0)
-    p.add_argument("--gdn-checkpoint-interval", type=int, default=256,
-                   help="tokens between stored GDN states (a multiple of the page size)")
+    p.add_argument("--gdn-checkpoint-interval", type=int, default=None,
+                   help="tokens between stored GDN states, a multiple of the page size "
+                   "(default: the page multiple nearest at or above 256)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", default="info")
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from flipjax.engine.engine import Engine
-    from serve.api import create_app
+    from serve.app import create_app
 
     log = logging.getLogger("flipjax.serve")
     bridge, book, control = _open_store(args, log)
@@ -125,7 +126,8 @@ def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any
     """The KV store behind the engine, keyed by the model's config, weights and KV dtype."""
     from flipjax.model.config import ModelConfig
     from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_config
-    from serve.store_routes import StoreControl
+    from flipjax.runtime.hybrid import default_interval
+    from serve.store_control import StoreControl
     from store.keys import files_fingerprint
     from store.open import disk_folder, open_checkpoints, open_store
 
@@ -134,14 +136,15 @@ def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any
     else:
         cfg, weights_id = ModelConfig.from_hf(args.model), files_fingerprint(args.model)
     store_dir = None if args.store_dir == "none" else args.store_dir
+    grid = args.gdn_checkpoint_interval or default_interval(args.page_size)
     bridge, identity = open_store(
-        cfg, weights_id, args.dtype, args.page_size, args.gdn_checkpoint_interval,
+        cfg, weights_id, args.dtype, args.page_size, grid,
         int(args.host_cache_gb * 2**30), store_dir, int(args.disk_cache_gb * 2**30),
     )  # fmt: skip
     where = "off" if store_dir is None else disk_folder(store_dir, identity)
     log.info(
         "store: host %.1f GiB, disk %s (%.1f GiB), GDN state every %d tokens",
-        args.host_cache_gb, where, args.disk_cache_gb, args.gdn_checkpoint_interval,
+        args.host_cache_gb, where, args.disk_cache_gb, grid,
     )  # fmt: skip
     book = open_checkpoints(bridge, identity, store_dir)
     log.info(

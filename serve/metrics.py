@@ -89,7 +89,7 @@ class Metrics:
         """Refresh the engine-state metrics; call on the engine loop thread."""
         self.running.set(len(engine.scheduler.running))
         self.waiting.set(len(engine.scheduler.waiting))
-        usage = engine.pool_usage()
+        usage = engine.caches.usage()
         self.kv_pages.set(usage["pages_requests"])
         self.gdn_slots.set(usage["slots_requests"])
         self.cache_pages.set(usage["pages_cache"])

@@ -15,10 +15,7 @@ from typing import Any
 from flipjax.engine.engine import Output
 from serve.detokenize import IncrementalText
 from serve.engine_loop import EngineLoop, Update
-from serve.protocol import usage
-
-# (text delta, finish reason or None, usage or None) -> one SSE event's JSON body
-ChunkBuilder = Callable[[str, str | None, dict[str, Any] | None], dict[str, Any]]
+from serve.responses import ChunkBuilder, usage
 
 
 async def collect(updates: asyncio.Queue[Update]) -> Update:

@@ -1,4 +1,4 @@
-"""StoreBridge: the engine's view of the tiered store (flipjax.engine.prefix.PrefixStore).
+"""StoreBridge: the engine's view of the tiered store (`store.prefix.PrefixStore`).
 
 It turns canonical arrays into payloads and keys and back. A fetch looks the prefix up under
 the hybrid rule, reads every KV page first and the GDN state last, and returns nothing unless

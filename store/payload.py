@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from flipjax.model.config import ModelConfig
+from flipjax.model.state_shapes import state_shapes
 
 _DTYPES = {"float32": np.dtype("<f4"), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
@@ -34,20 +35,13 @@ class PayloadLayout:
     @classmethod
     def for_model(cls, cfg: ModelConfig, page_size: int, kv_dtype: str) -> PayloadLayout:
         numpy_dtype(kv_dtype)
+        shapes = state_shapes(cfg)
         return cls(
-            kv_shape=(
-                len(cfg.full_attention_layers), 2, page_size, cfg.num_key_value_heads,
-                cfg.head_dim,
-            ),
-            recurrent_shape=(
-                len(cfg.linear_attention_layers), cfg.linear_num_value_heads,
-                cfg.linear_key_head_dim, cfg.linear_value_head_dim,
-            ),
-            conv_shape=(
-                len(cfg.linear_attention_layers), cfg.linear_conv_kernel_dim - 1, cfg.conv_dim,
-            ),
+            kv_shape=(shapes.kv_layers, 2, page_size, *shapes.kv_token),
+            recurrent_shape=(shapes.gdn_layers, *shapes.recurrent),
+            conv_shape=(shapes.gdn_layers, *shapes.conv),
             kv_dtype=kv_dtype,
-        )  # fmt: skip
+        )
 
     def encode_kv(self, kv: np.ndarray) -> bytes:
         return _encode(kv, self.kv_shape, numpy_dtype(self.kv_dtype), "kv page")

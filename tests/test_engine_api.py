@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import chex
 import numpy as np
 import pytest
 
@@ -20,7 +21,7 @@ def test_tiny_is_deterministic(tiny):
 
 def test_prompt_logits_shape(tiny):
     logits = tiny.prompt_logits([10, 20, 30, 40])
-    assert logits.shape == (4, tiny.config.vocab_size)
+    chex.assert_shape(logits, (4, tiny.config.vocab_size))
     assert np.isfinite(logits).all()
 
 

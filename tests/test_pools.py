@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flipjax.runtime.cache import OwnershipError, PagePool, PoolExhausted, SlotPool
+from flipjax.runtime.pools import OwnershipError, PagePool, PoolExhausted, SlotPool
 
 
 def test_allocate_release_round_trip():

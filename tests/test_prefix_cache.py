@@ -11,15 +11,16 @@ from flipjax.engine.config import EngineConfig
 from flipjax.engine.radix_cache import OWNER, RadixCache
 from flipjax.model.tiny import tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
-from flipjax.runtime.cache import PagePool, SlotPool
+from flipjax.runtime.allocator import Allocator
+from flipjax.runtime.pools import PagePool
 from tests.pool_checks import assert_pools_returned
 
 PS, GRID = 4, 8  # page size and GDN grid for the bare-tree tests
 
 
 def tree(num_pages: int = 16, num_slots: int = 4, max_states: int = 2):
-    pages, slots = PagePool(num_pages), SlotPool(num_slots)
-    return RadixCache(pages, slots, PS, GRID, max_states), pages, slots
+    allocator = Allocator(num_pages, num_slots, PS)
+    return RadixCache(allocator, GRID, max_states), allocator.pages, allocator.slots
 
 
 def request_pages(pages: PagePool, n: int, owner: str = "req") -> list[int]:

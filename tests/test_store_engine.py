@@ -3,6 +3,8 @@ token-identical results (straight-through generation is the reference)."""
 
 from __future__ import annotations
 
+import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -72,7 +74,7 @@ def test_store_hits_are_token_identical_across_a_restart(model, tmp_path):
 def run_prompt(engine: Engine, prompt: list[int]):
     """Admit `prompt` and step until all of it is computed; returns the live sequence."""
     rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30))
-    seq = engine._requests[rid]
+    seq = engine.requests[rid]
     while seq.num_computed < len(prompt):
         engine.step()
     return seq
@@ -133,7 +135,7 @@ def test_payloads_are_layout_neutral_across_layouts(model, tmp_path):
     engine = make(model, bridge, "tp:2", **small)
     assert len(engine.runner.state.kv[0].k.sharding.device_set) == 2
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=8))
-    seq = engine._requests[rid]
+    seq = engine.requests[rid]
     engine.step()  # admission seeds 96 tokens from the store, then prefills the rest
     assert seq.cached_tokens == 96
     fetched = bridge.fetch(PROMPT)
@@ -150,14 +152,11 @@ def test_payloads_are_layout_neutral_across_layouts(model, tmp_path):
 def test_warmup_compiles_the_store_path_too(model, tmp_path):
     """After warm-up, seeding from the store and publishing to it compile nothing, and the
     warm-up itself changed no pooled state."""
-    import jax
-
     bridge = open_store(model, str(tmp_path))
     engine = make(model, bridge, max_running_requests=2)
-    before = [np.asarray(x).copy() for x in jax.tree.leaves(engine.runner.state)]
+    before = jax.tree.map(np.array, engine.runner.state)  # host copies: warm-up donates pools
     engine.warmup()
-    after = jax.tree.leaves(engine.runner.state)
-    assert all(np.array_equal(a, np.asarray(b)) for a, b in zip(before, after, strict=True))
+    chex.assert_trees_all_equal(before, jax.device_get(engine.runner.state))
     compiles = engine.compile_count
     first = engine.generate([PROMPT], max_new_tokens=4)[0]
     bridge.store.flush()

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from flipjax import Engine
-from flipjax.model.weights import CheckpointError
+from flipjax.model.weights import WeightsError
 from tests.hf_oracle import make_checkpoint
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
@@ -89,7 +89,7 @@ def test_missing_tensor_is_named(checkpoint, tmp_path):
     folder = _copy(checkpoint, tmp_path / "missing")
     name = "model.layers.3.self_attn.k_norm.weight"
     _edit_tensors(folder, lambda t: t.pop(name))
-    with pytest.raises(CheckpointError, match=f"missing tensors: {name}"):
+    with pytest.raises(WeightsError, match=f"missing tensors: {name}"):
         Engine.from_pretrained(folder)
 
 
@@ -97,7 +97,7 @@ def test_missing_expert_is_named(checkpoint, tmp_path):
     folder = _copy(checkpoint, tmp_path / "missing_expert")
     name = "model.layers.1.mlp.experts.2.down_proj.weight"
     _edit_tensors(folder, lambda t: t.pop(name))
-    with pytest.raises(CheckpointError, match=name):
+    with pytest.raises(WeightsError, match=name):
         Engine.from_pretrained(folder)
 
 
@@ -105,7 +105,7 @@ def test_misshaped_tensor_is_named(checkpoint, tmp_path):
     folder = _copy(checkpoint, tmp_path / "misshaped")
     name = "model.layers.0.linear_attn.in_proj_ba.weight"
     _edit_tensors(folder, lambda t: t.update({name: t[name][:-1]}))
-    with pytest.raises(CheckpointError, match=rf"wrongly shaped tensors: {name} \(expected"):
+    with pytest.raises(WeightsError, match=rf"wrongly shaped tensors: {name} \(expected"):
         Engine.from_pretrained(folder)
 
 
@@ -114,7 +114,7 @@ def test_unexpected_tensor_is_named(checkpoint, tmp_path):
     _edit_tensors(
         folder, lambda t: t.update({"model.layers.0.extra.weight": np.ones(3, np.float32)})
     )
-    with pytest.raises(CheckpointError, match="unexpected tensors: model.layers.0.extra.weight"):
+    with pytest.raises(WeightsError, match="unexpected tensors: model.layers.0.extra.weight"):
         Engine.from_pretrained(folder)
 
 

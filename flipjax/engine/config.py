@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flipjax.model.config import ModelConfig
-from flipjax.runtime.hybrid import check_interval
+from flipjax.runtime.hybrid import check_interval, default_interval
+from store.prefix import PrefixStore
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class EngineConfig:
     max_prefill_tokens: int = 2048  # prefill token budget per step
     max_model_len: int | None = None  # prompt + output cap; default the model's context
     # Tokens between cached GDN states, the points a prefix can be reused from; by default the
-    # prefix store's interval, or 256 without one.
+    # prefix store's interval, or `hybrid.default_interval` without one.
     gdn_checkpoint_interval: int | None = None
     prefix_cache: bool = True  # keep finished requests' pages and grid states for reuse
 
@@ -57,3 +58,21 @@ class EngineConfig:
                 f"max_model_len: {self.max_model_len} exceeds the model's context {limit}"
             )
         return self.max_model_len or limit
+
+    def gdn_interval(self, store: PrefixStore | None) -> int:
+        """The GDN checkpoint grid: the configured one, else the prefix store's, else the
+        default. A store with another page size, or another grid than the configured one, is
+        refused."""
+        configured = self.gdn_checkpoint_interval
+        if store is None:
+            return configured if configured is not None else default_interval(self.page_size)
+        if store.page_size != self.page_size:
+            raise ValueError(
+                f"prefix_store: page size {store.page_size} is not the engine's {self.page_size}"
+            )
+        if configured not in (None, store.gdn_interval):
+            raise ValueError(
+                f"gdn_checkpoint_interval: {configured} is not the prefix store's "
+                f"{store.gdn_interval}"
+            )
+        return store.gdn_interval

@@ -65,10 +65,7 @@ class PrefixReuse:
             match = cache.match(known)
             if match.tokens:
                 # Swap the page reserved at admission for the cached ones, then one to grow into.
-                pool = self.scheduler.pages
-                pool.release(seq.pages, seq.request_id)
-                pool.share(match.pages, seq.request_id)
-                seq.pages = list(match.pages)
+                self.scheduler.allocator.adopt(seq, match.pages)
                 self.scheduler.reserve(seq, match.tokens + 1)  # the page just released fits
                 self._copy_state(match.slot, seq.slot)
                 tokens, tier = match.tokens, "device"

@@ -1,11 +1,11 @@
 """The device prefix cache: a radix tree over full token pages, kept in the engine's own pools.
 
 Each node is one full page of tokens under its parent's prefix and holds a reference to the KV
-page that has them (the cache is one more holder in the `PagePool`). A node whose end lies on
-the GDN checkpoint grid may also hold a state slot (owned by the cache in the `SlotPool`) with
-the recurrent state after its last token. A match is usable only up to the deepest node on the
-path that has a state: the hybrid rule of `flipjax.runtime.hybrid`, the same function the store
-calls.
+page that has them (the cache is one more holder of the page, through the engine's
+`Allocator`). A node whose end lies on the GDN checkpoint grid may also hold a state slot (owned
+by the cache) with the recurrent state after its last token. A match is usable only up to the
+deepest node on the path that has a state: the hybrid rule of `flipjax.runtime.hybrid`, the
+same function the store calls.
 
 Eviction is least recently used. Pages go leaf first, and only where the cache is the last
 holder (freeing a page a running request still holds would free nothing). A state can go on its
@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flipjax.runtime.cache import PagePool, SlotPool
+from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.hybrid import check_interval, is_grid_page, usable_prefix
 
 OWNER = "prefix-cache"  # the cache's name in the pools' ledgers
@@ -46,12 +46,12 @@ class Match:
 
 
 class RadixCache:
-    def __init__(
-        self, pages: PagePool, slots: SlotPool, page_size: int, interval: int, max_states: int
-    ):
+    def __init__(self, allocator: Allocator, interval: int, max_states: int):
+        page_size = allocator.page_size
         check_interval(interval, page_size)
-        self.pages = pages
-        self.slots = slots
+        self.allocator = allocator
+        self.pages = allocator.pages  # read only: who holds a page decides what can be evicted
+        self.slots = allocator.slots
         self.page_size = page_size
         self.interval = interval
         self.max_states = max_states
@@ -89,7 +89,7 @@ class RadixCache:
             key = tuple(token_ids[i * ps : (i + 1) * ps])
             child = node.children.get(key)
             if child is None:
-                self.pages.share([pages[i]], OWNER)
+                self.allocator.share_page(pages[i], OWNER)
                 child = Node(key, pages[i], node, node.depth + 1)
                 node.children[key] = child
                 self.num_pages += 1
@@ -112,11 +112,11 @@ class RadixCache:
         if node.slot is not None:
             self._touch(path)
             return True
-        if self.num_states >= self.max_states or not self.slots.num_free:
+        if self.num_states >= self.max_states or not self.allocator.free_slots:
             if not self.evict_states(1):
                 self.counters["states_refused"] += 1
                 return False
-        node.slot = self.slots.allocate(OWNER)
+        node.slot = self.allocator.allocate_slot(OWNER)
         copy_into(node.slot)
         self.num_states += 1
         self._touch(path)
@@ -160,7 +160,7 @@ class RadixCache:
         for node in list(self._nodes()):
             if node.slot is not None:
                 self._release_state(node)
-            self.pages.release([node.page], OWNER)
+            self.allocator.release_page(node.page, OWNER)
         self.root.children.clear()
         self.num_pages = 0
         self.counters["flushes"] += 1
@@ -216,11 +216,11 @@ class RadixCache:
     def _drop(self, node: Node) -> None:
         if node.slot is not None:
             self._release_state(node)
-        self.pages.release([node.page], OWNER)
+        self.allocator.release_page(node.page, OWNER)
         del node.parent.children[node.key]
         self.num_pages -= 1
 
     def _release_state(self, node: Node) -> None:
-        self.slots.release(node.slot, OWNER)
+        self.allocator.release_slot(node.slot, OWNER)
         node.slot = None
         self.num_states -= 1

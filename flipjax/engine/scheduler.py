@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.sequence import Sequence, Status
+from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.buckets import pages_for
-from flipjax.runtime.cache import PagePool, PoolExhausted, SlotPool
 
 
 @dataclass
@@ -52,18 +52,16 @@ class StepPlan:
 class Scheduler:
     def __init__(
         self,
-        pages: PagePool,
-        slots: SlotPool,
-        page_size: int,
+        allocator: Allocator,
         max_running_requests: int,
         max_prefill_tokens: int,
         chunk_grid: int | None = None,
         on_admit: Callable[[Sequence], None] | None = None,
         prefix_cache: RadixCache | None = None,
     ):
-        self.pages = pages
-        self.slots = slots
-        self.page_size = page_size
+        self.allocator = allocator
+        self.pages = allocator.pages  # read only: the allocator changes who holds what
+        self.page_size = allocator.page_size
         self.max_running_requests = max_running_requests
         self.max_prefill_tokens = max_prefill_tokens
         # Prefill chunks end on this grid, so the GDN state exists at every grid point.
@@ -104,7 +102,7 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Free a finished (or aborted) request's pages and slot at once."""
-        self._free(seq)
+        self.allocator.free(seq)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
@@ -134,12 +132,12 @@ class Scheduler:
             admit and budget > 0 and self.waiting and len(self.running) < self.max_running_requests
         ):
             seq = self.waiting[0]
-            if self.slots.num_free == 0:
+            if self.allocator.free_slots == 0:
                 break
             if not self._admissible(seq, len(plan.decode)):
                 break  # FIFO: the head waits for pages, nobody jumps ahead
             self.waiting.popleft()
-            seq.slot = self.slots.allocate(seq.request_id)
+            self.allocator.take_slot(seq)
             seq.status = Status.RUNNING
             self.running.append(seq)
             self.counters["admitted"] += 1
@@ -200,30 +198,20 @@ class Scheduler:
         need = pages_for(num_tokens, self.page_size) - len(seq.pages)
         while need > 0:
             self._make_room(need)  # a retracted request's pages stay cached: evict them too
-            try:
-                seq.pages.extend(self.pages.allocate(need, seq.request_id))
+            if self.allocator.grow(seq, num_tokens):
                 return True
-            except PoolExhausted:
-                if not retract or not self.running:
-                    return False
-                victim = self.running[-1]
-                self._retract(victim)
-                if victim is seq:
-                    return False
+            if not retract or not self.running:
+                return False
+            victim = self.running[-1]
+            self._retract(victim)
+            if victim is seq:
+                return False
         return True
 
     def _retract(self, seq: Sequence) -> None:
-        self._free(seq)
+        self.allocator.free(seq)
         self.running.remove(seq)
         seq.num_computed = 0
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.counters["retracted"] += 1
-
-    def _free(self, seq: Sequence) -> None:
-        if seq.pages:
-            self.pages.release(seq.pages, seq.request_id)
-            seq.pages = []
-        if seq.slot is not None:
-            self.slots.release(seq.slot, seq.request_id)
-            seq.slot = None

@@ -15,6 +15,7 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
+from flipjax.model.state_shapes import state_shapes
 from kernels_pallas.paged_attention import masked_attention
 
 
@@ -35,7 +36,7 @@ class ContiguousKV(NamedTuple):
 
     @classmethod
     def empty(cls, cfg: ModelConfig, batch: int, max_len: int, dtype: jnp.dtype) -> ContiguousKV:
-        shape = (batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (batch, max_len, *state_shapes(cfg).kv_token)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
     def update_and_attend(

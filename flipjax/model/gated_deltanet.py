@@ -16,6 +16,7 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.layers import Linear, RMSNormGated
+from flipjax.model.state_shapes import RECURRENT_DTYPE, state_shapes
 from kernels_pallas import dispatch
 
 
@@ -116,8 +117,8 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
 
     @staticmethod
     def empty_state(cfg: ModelConfig, batch: int, dtype: jnp.dtype) -> GDNState:
-        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        shapes = state_shapes(cfg)
         return GDNState(
-            recurrent=jnp.zeros((batch, hv, dk, dv), jnp.float32),
-            conv=jnp.zeros((batch, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim), dtype),
+            recurrent=jnp.zeros((batch, *shapes.recurrent), RECURRENT_DTYPE),
+            conv=jnp.zeros((batch, *shapes.conv), dtype),
         )

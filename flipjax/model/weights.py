@@ -28,7 +28,7 @@ _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|d
 _IGNORED_PREFIXES = ("mtp.",)
 
 
-class CheckpointError(ValueError):
+class WeightsError(ValueError):
     """The checkpoint does not match the model its config describes."""
 
 
@@ -52,7 +52,7 @@ def _tensor_files(path: str) -> dict[str, str]:
         return {name: os.path.join(path, file) for name, file in weight_map.items()}
     single = os.path.join(path, SINGLE_FILE)
     if not os.path.exists(single):
-        raise CheckpointError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+        raise WeightsError(f"{path}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
     with safe_open(single, framework="np") as f:
         return {name: single for name in f.keys()}
 
@@ -131,7 +131,7 @@ def load_params(
     if unexpected:
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
     if problems:
-        raise CheckpointError(
+        raise WeightsError(
             f"checkpoint {path} does not match its config: " + "; ".join(problems)
         )
 

@@ -11,6 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+DEFAULT_GDN_INTERVAL = 256  # tokens between cached GDN states, unless configured
+
+
+def default_interval(page_size: int) -> int:
+    """The default grid: the multiple of the page size nearest at or above 256 tokens."""
+    return -(-DEFAULT_GDN_INTERVAL // page_size) * page_size
+
 
 def check_interval(interval: int, page_size: int) -> None:
     if interval <= 0 or interval % page_size:

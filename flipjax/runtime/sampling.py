@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ import numpy as np
 from flipjax.runtime.buckets import pow2_bucket
 
 MAX_LOGPROBS = 20
+DEFAULT_MAX_TOKENS = 16  # when a request names no max_tokens, as in the OpenAI API
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,18 @@ class SamplingParams:
     def replace(self, **changes: object) -> SamplingParams:
         return dataclasses.replace(self, **changes)
 
+    @staticmethod
+    def each(
+        sampling: SamplingParams | list[SamplingParams] | None, prompts: list[Any]
+    ) -> list[SamplingParams | None]:
+        """One entry per prompt: `sampling` itself when it is a list of that length, else it
+        repeated."""
+        if not isinstance(sampling, list):
+            return [sampling] * len(prompts)
+        if len(sampling) != len(prompts):
+            raise ValueError(f"sampling: {len(sampling)} SamplingParams for {len(prompts)} prompts")
+        return sampling
+
     @property
     def uses_penalties(self) -> bool:
         return (
@@ -65,30 +78,55 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
 
-def _validate(p: SamplingParams) -> None:
-    def bad(name: str, why: str) -> ValueError:
-        return ValueError(f"{name}: {why}, got {getattr(p, name)!r}")
+@dataclass(frozen=True)
+class Bound:
+    """The allowed range of one numeric sampling field; None is unbounded on that side."""
 
-    if p.max_tokens is not None and p.max_tokens <= 0:
-        raise bad("max_tokens", "must be positive")
-    if not 0.0 <= p.temperature <= 100.0:
-        raise bad("temperature", "must be in [0, 100]")
-    if p.top_k < -1:
-        raise bad("top_k", "must be -1, 0 (no limit) or positive")
-    if not 0.0 < p.top_p <= 1.0:
-        raise bad("top_p", "must be in (0, 1]")
-    if not 0.0 <= p.min_p <= 1.0:
-        raise bad("min_p", "must be in [0, 1]")
-    if not 0.0 < p.repetition_penalty <= 10.0:
-        raise bad("repetition_penalty", "must be in (0, 10]")
-    if not -2.0 <= p.presence_penalty <= 2.0:
-        raise bad("presence_penalty", "must be in [-2, 2]")
-    if not -2.0 <= p.frequency_penalty <= 2.0:
-        raise bad("frequency_penalty", "must be in [-2, 2]")
-    if p.logprobs is not None and not 0 <= p.logprobs <= MAX_LOGPROBS:
-        raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}]")
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # (low, ...] rather than [low, ...]
+
+    def allows(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def describe(self) -> str:
+        if self.high is None:
+            return f"must be {'>' if self.low_open else '>='} {self.low:g}"
+        return f"must be in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+
+    def constraints(self) -> dict[str, float]:
+        """The same range as pydantic `Field` keyword arguments (ge/gt/le)."""
+        out: dict[str, float] = {}
+        if self.low is not None:
+            out["gt" if self.low_open else "ge"] = self.low
+        if self.high is not None:
+            out["le"] = self.high
+        return out
+
+
+# The one set of limits: SamplingParams checks them, and the HTTP request models declare them.
+BOUNDS: dict[str, Bound] = {
+    "max_tokens": Bound(0, low_open=True),
+    "temperature": Bound(0.0, 2.0),
+    "top_k": Bound(-1),  # -1 or 0: no limit
+    "top_p": Bound(0.0, 1.0, low_open=True),
+    "min_p": Bound(0.0, 1.0),
+    "repetition_penalty": Bound(0.0, 10.0, low_open=True),
+    "presence_penalty": Bound(-2.0, 2.0),
+    "frequency_penalty": Bound(-2.0, 2.0),
+    "logprobs": Bound(0, MAX_LOGPROBS),
+}
+
+
+def _validate(p: SamplingParams) -> None:
+    for name, bound in BOUNDS.items():
+        value = getattr(p, name)
+        if value is not None and not bound.allows(value):
+            raise ValueError(f"{name}: {bound.describe()}, got {value!r}")
     if any(not s for s in p.stop):
-        raise bad("stop", "stop strings must be non-empty")
+        raise ValueError(f"stop: stop strings must be non-empty, got {p.stop!r}")
 
 
 class SamplerInputs(NamedTuple):

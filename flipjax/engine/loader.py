@@ -1,0 +1,46 @@
+"""Loading what an engine serves: the embedded tiny model, a HF checkpoint folder, or an orbax
+folder written by `python -m flipjax.ckpt convert` (restored straight into a layout's
+shardings, each device reading only its shards)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+from flax import nnx
+
+from flipjax.model.config import ModelConfig
+from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.tiny import TINY_NAME, tiny_model
+from flipjax.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from flipjax.model.weights import load_params
+from sharding.layout import placement_for
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: Qwen3NextForCausalLM
+    tokenizer: Tokenizer
+    name: str  # what the server calls the model: "tiny" or the folder's name
+
+
+def load(path: str, dtype: jnp.dtype, layout: str | None = None) -> Loaded:
+    """The model, its tokenizer and its name. An orbax folder restores into `layout`'s
+    shardings (a layout the model cannot take is refused before anything is read)."""
+    if path == TINY_NAME:
+        return Loaded(tiny_model(dtype), ByteTokenizer(), TINY_NAME)
+    if not os.path.isdir(path):
+        raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
+    cfg = ModelConfig.from_hf(path)
+    graphdef, abstract = abstract_params(cfg, dtype)
+    if is_orbax(path):
+        shardings = None
+        if layout is not None:
+            shardings = placement_for(layout, cfg).param_shardings(abstract)
+        params = restore_params(path, cfg, abstract, shardings)
+    else:
+        params = load_params(path, cfg, abstract, dtype)
+    tokenizer = load_tokenizer(path, cfg.eos_token_id)
+    return Loaded(nnx.merge(graphdef, params), tokenizer, os.path.basename(os.path.normpath(path)))

@@ -1,0 +1,95 @@
+"""The one allocator: every change to who holds a KV page or a GDN slot goes through it.
+
+Requests are `Holder`s (an owner name, the pages it holds in order, its slot); the allocator is
+the only code that writes their `pages` and `slot`, and the only caller of the pools' ledger
+operations. Other owners that are not requests (the device prefix cache) hold single pages and
+slots by name. Each operation is all or nothing: a refusal returns False (or raises
+`PoolExhausted`) and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from flipjax.runtime.buckets import pages_for
+from flipjax.runtime.pools import PagePool, PoolExhausted, SlotPool
+
+
+class Holder(Protocol):
+    """A request as the allocator sees it."""
+
+    request_id: str
+    pages: list[int]  # page i holds tokens [i * page_size, (i + 1) * page_size)
+    slot: int | None
+
+
+class Allocator:
+    def __init__(self, num_pages: int, num_slots: int, page_size: int):
+        self.pages = PagePool(num_pages, "kv pages")
+        self.slots = SlotPool(num_slots, "gdn slots")
+        self.page_size = page_size
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def grow(self, holder: Holder, num_tokens: int) -> bool:
+        """Make `holder` hold pages for its first `num_tokens` tokens; False (and nothing
+        allocated) when too few are free."""
+        need = pages_for(num_tokens, self.page_size) - len(holder.pages)
+        if need <= 0:
+            return True
+        try:
+            holder.pages.extend(self.pages.allocate(need, holder.request_id))
+        except PoolExhausted:
+            return False
+        return True
+
+    def take_slot(self, holder: Holder) -> None:
+        """Give `holder` a GDN slot; raises `PoolExhausted` when none is free."""
+        if holder.slot is not None:
+            raise ValueError(f"{holder.request_id} already holds slot {holder.slot}")
+        holder.slot = self.slots.allocate(holder.request_id)
+
+    def adopt(self, holder: Holder, cached: list[int]) -> None:
+        """Replace the pages `holder` reserved with shared references to `cached`, the pages of
+        a cached prefix (they hold its first len(cached) pages of tokens)."""
+        self.pages.share(cached, holder.request_id)
+        self.pages.release(holder.pages, holder.request_id)
+        holder.pages = list(cached)
+
+    def free(self, holder: Holder) -> None:
+        """Release everything `holder` holds."""
+        if holder.pages:
+            self.pages.release(holder.pages, holder.request_id)
+            holder.pages = []
+        if holder.slot is not None:
+            self.slots.release(holder.slot, holder.request_id)
+            holder.slot = None
+
+    # -- other owners ---------------------------------------------------------------------------
+
+    def share_page(self, page: int, owner: str) -> None:
+        self.pages.share([page], owner)
+
+    def release_page(self, page: int, owner: str) -> None:
+        self.pages.release([page], owner)
+
+    def allocate_slot(self, owner: str) -> int:
+        return self.slots.allocate(owner)
+
+    def release_slot(self, slot: int, owner: str) -> None:
+        self.slots.release(slot, owner)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    @property
+    def free_pages(self) -> int:
+        return self.pages.num_free
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots.num_free
+
+    def check(self) -> None:
+        """Prove both ledgers: free + held == total."""
+        self.pages.check()
+        self.slots.check()

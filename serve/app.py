@@ -1,0 +1,42 @@
+"""The OpenAI-compatible HTTP API over one engine loop that batches every client together.
+
+`create_app` builds the server's state (`serve.state`), includes one router per route group
+(`serve.routes`: completions and chat, info, admin, sessions, store) and installs the error
+handlers (`serve.errors`): bad input gets a 4xx in the OpenAI error shape naming the field, and
+an engine failure fails its requests with a 500 while the server keeps serving.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from flipjax.engine.engine import Engine
+from flipjax.engine.pilot import Autopilot
+from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
+from serve.engine_loop import EngineLoop
+from serve.errors import install_handlers
+from serve.routes import admin, completions, info, sessions, store
+from serve.state import ServerState
+from serve.store_control import StoreControl
+
+
+def create_app(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    api_key: str | None = None,
+    admin_key: str | None = None,
+    chat_template: str = DEFAULT_TEMPLATE,
+    store_control: StoreControl | None = None,
+    autopilot: Autopilot | None = None,
+) -> FastAPI:
+    app = FastAPI(title="flipjax")
+    loop = EngineLoop(engine, autopilot)
+    app.state.server = ServerState(
+        engine, loop, ChatTemplate(chat_template), host, api_key, admin_key, store_control,
+        autopilot,
+    )  # fmt: skip
+    app.router.on_shutdown.append(loop.close)
+    install_handlers(app)
+    for group in (info, completions, sessions, admin, store):
+        app.include_router(group.router)
+    return app

@@ -1,0 +1,53 @@
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Routes raise `APIError`; a body that fails validation (bad JSON, a wrong type or range, an
+unknown field) becomes a 400 whose `param` names the field. Engine refusals map by their type:
+ValueError is the caller's input (400), KeyError an unknown id (404).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.kind = kind or {400: "invalid_request_error", 404: "not_found"}.get(status, "error")
+
+
+def bad_request(message: str, param: str | None) -> APIError:
+    return APIError(400, message, param)
+
+
+def refusal(err: Exception) -> APIError:
+    """An engine refusal as the error the client gets; its message starts with the field."""
+    message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    field = message.split(":", 1)[0]
+    return APIError(404 if isinstance(err, KeyError) else 400, message, field)
+
+
+def error_response(status: int, message: str, param: str | None, kind: str) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(status_code=status, content=body)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
+        return error_response(err.status, err.message, err.param, err.kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0]
+        if first.get("type") == "json_invalid":
+            return error_response(400, "request body is not valid JSON", None,
+                                  "invalid_request_error")  # fmt: skip
+        loc = [str(p) for p in first["loc"] if p != "body"]
+        field = ".".join(loc) or None
+        return error_response(400, f"{field}: {first['msg']}", field, "invalid_request_error")

@@ -1,0 +1,24 @@
+"""Bodies of the admin routes: the phase flip, aborts and the store's disk tier."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from serve.protocol.sampling import Strict
+
+
+class FlipRequest(Strict):
+    to: str
+
+
+class AbortRequest(Strict):
+    request_id: str
+
+
+class AttachRequest(Strict):
+    disk_gb: float = Field(gt=0)
+    dir: str | None = None
+
+
+class ResizeRequest(Strict):
+    disk_gb: float = Field(gt=0)

@@ -1,0 +1,1 @@
+"""The HTTP routes, one APIRouter per route group; `serve.app.create_app` includes them all."""

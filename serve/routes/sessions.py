@@ -1,0 +1,80 @@
+"""Session checkpoint routes, guarded like the inference routes:
+
+    POST   /session_checkpoint        {request_id | session_id, position?, quiesce?} -> summary
+    POST   /session_branch            {checkpoint_id, prompt?, session_id?, ...completion
+                                       params} -> a text completion (streamed or not)
+    POST   /session_rewind            {session_id, checkpoint_id}: the session continues there
+    GET    /session_checkpoints       every checkpoint's summary
+    DELETE /session_checkpoint/{id}   unpin what it referenced
+
+A checkpoint runs on the engine loop thread between two steps, so a quiesced request is paused
+at a step boundary by construction. Refusals are 400s naming the field; unknown ids are 404s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+
+from flipjax.engine.engine import Engine
+from flipjax.runtime.sampling import SamplingParams
+from serve.auth import State, require_api_key
+from serve.protocol.sessions import BranchRequest, CheckpointRequest, RewindRequest
+from serve.responses import text_completion
+from serve.submission import on_loop, respond, submit
+
+router = APIRouter(dependencies=[Depends(require_api_key)], tags=["sessions"])
+
+# Fields of a branch request that are not sampling choices: leaving every other one out keeps
+# the checkpoint's own sampling parameters and RNG state.
+_NOT_SAMPLING = {"checkpoint_id", "model", "prompt", "session_id", "max_tokens", "stream", "user"}
+
+
+@router.post("/session_checkpoint")
+async def checkpoint(req: CheckpointRequest, state: State) -> dict[str, Any]:
+    rid = req.request_id
+    if rid is not None:
+        rid = rid.removeprefix("chatcmpl-").removeprefix("cmpl-")
+    return await on_loop(
+        state, lambda e: e.checkpoint(rid, req.session_id, req.position, req.quiesce)
+    )
+
+
+@router.post("/session_branch", response_model=None)
+async def branch(req: BranchRequest, state: State) -> Response:
+    state.check_model(req.model)
+    params: SamplingParams | None = None
+    if req.model_fields_set - _NOT_SAMPLING:
+        params = req.sampling_params()
+    used: list[SamplingParams] = []  # the branch's parameters, for the stream's stops
+
+    def start(e: Engine) -> str:
+        rid = e.branch(
+            req.checkpoint_id, params, req.max_tokens, session_id=req.session_id,
+            prompt=req.prompt,
+        )  # fmt: skip
+        used.append(e.sampling(rid))
+        return rid
+
+    submitted = await submit(state, start)
+    chunk, body = text_completion(f"cmpl-{submitted[0]}", state.engine.name)
+    return await respond(state, submitted, used[0], req.stream, chunk, body)
+
+
+@router.post("/session_rewind")
+async def rewind(req: RewindRequest, state: State) -> dict[str, str]:
+    await on_loop(state, lambda e: e.rewind(req.session_id, req.checkpoint_id))
+    return {"session_id": req.session_id, "checkpoint_id": req.checkpoint_id}
+
+
+@router.get("/session_checkpoints")
+async def checkpoints(state: State) -> dict[str, Any]:
+    return {"data": await on_loop(state, lambda e: e.list_checkpoints())}
+
+
+@router.delete("/session_checkpoint/{checkpoint_id}")
+async def delete(checkpoint_id: str, state: State) -> dict[str, str]:
+    await on_loop(state, lambda e: e.delete_checkpoint(checkpoint_id))
+    return {"deleted": checkpoint_id}

@@ -1,0 +1,93 @@
+"""Store control routes (admin): look at, attach, detach and resize the disk tier while serving.
+
+    GET    /hicache/storage-backend          tiers, budgets and counters
+    PUT    /hicache/storage-backend          {"disk_gb": 8, "dir"?: path}: attach a disk tier
+    DELETE /hicache/storage-backend          detach (queued writes land first; files stay)
+    POST   /hicache/storage-backend/resize   {"disk_gb": 2}: shrinking evicts at once
+
+Every change runs on the engine loop thread between two steps, so no step sees half of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends
+
+from serve.auth import State, require_admin
+from serve.errors import APIError, bad_request
+from serve.protocol.admin import AttachRequest, ResizeRequest
+from serve.state import ServerState
+from serve.store_control import StoreControl
+from store.disk import DiskTier
+from store.tiered import TieredStore
+
+ROUTE = "/hicache/storage-backend"
+router = APIRouter(prefix=ROUTE, dependencies=[Depends(require_admin)], tags=["store"])
+
+
+def _store(state: ServerState) -> tuple[TieredStore, StoreControl]:
+    bridge = state.engine.prefix_store
+    if bridge is None or state.store_control is None:
+        raise APIError(404, "store: this server runs without a KV store")
+    return bridge.store, state.store_control
+
+
+def describe(store: TieredStore) -> dict[str, Any]:
+    disk = store.disk
+    return {
+        "host": {"budget_bytes": store.host.budget_bytes, "used_bytes": store.host.used_bytes},
+        "disk": None if disk is None else {
+            "dir": disk.root, "budget_bytes": disk.budget_bytes, "used_bytes": disk.used_bytes,
+        },
+        "counters": store.stats(),
+    }  # fmt: skip
+
+
+async def _change(state: ServerState, store: TieredStore, change: Callable[[], Any]) -> Any:
+    try:
+        await asyncio.to_thread(state.loop.call, lambda _: change())
+    except RuntimeError as e:  # attach twice, detach or resize with none attached
+        raise APIError(409, f"store: {e}", None, "conflict") from None
+    return describe(store)
+
+
+@router.get("")
+async def show(state: State) -> dict[str, Any]:
+    store, _ = _store(state)
+    return await _change(state, store, lambda: None)
+
+
+@router.put("")
+async def attach(req: AttachRequest, state: State) -> dict[str, Any]:
+    store, control = _store(state)
+    folder = req.dir or control.folder
+    if folder is None:
+        raise bad_request("dir: no disk folder known; give one", "dir")
+
+    def attach_disk() -> None:
+        if store.disk is not None:
+            raise RuntimeError(f"a disk tier is attached already at {store.disk.root}")
+        store.attach_disk(DiskTier(folder, control.identity, int(req.disk_gb * 2**30)))
+        control.folder = folder
+
+    return await _change(state, store, attach_disk)
+
+
+@router.delete("")
+async def detach(state: State) -> dict[str, Any]:
+    store, _ = _store(state)
+
+    def detach_disk() -> None:
+        if store.detach_disk() is None:
+            raise RuntimeError("no disk tier is attached")
+
+    return await _change(state, store, detach_disk)
+
+
+@router.post("/resize")
+async def resize(req: ResizeRequest, state: State) -> dict[str, Any]:
+    store, _ = _store(state)
+    return await _change(state, store, lambda: store.resize_disk(int(req.disk_gb * 2**30)))

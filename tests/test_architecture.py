@@ -1,0 +1,93 @@
+"""The house rules that import-linter cannot see, read from the source itself.
+
+import-linter (`lint-imports`, run by `make test`) checks the layers, the independence of
+`sharding` and `store`, and that nothing imports in a cycle. These tests check the rest: no file
+over 300 lines, no project import hidden inside a function outside the entry points, and no
+change of page or slot ownership outside the one allocator.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("flipjax", "kernels_pallas", "sharding", "store", "serve")
+PROJECT = set(PACKAGES)
+ENTRY_POINTS = {
+    "flipjax/__init__.py", "flipjax/serve.py", "flipjax/ckpt.py", "flipjax/bench.py",
+    "kernels_pallas/check.py",
+}  # fmt: skip
+MAX_LINES = 300
+
+
+def sources() -> list[pathlib.Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def is_entry_point(path: pathlib.Path) -> bool:
+    rel = path.relative_to(ROOT).as_posix()
+    return (
+        rel in ENTRY_POINTS
+        or rel.startswith("flipjax/benchmarks/")
+        or path.name in ("cli.py", "__main__.py")
+    )
+
+
+def project_imports_in_functions(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [(node.lineno, n) for n in names if n.split(".")[0] in PROJECT]
+    return found
+
+
+def test_the_rules_see_every_package():
+    assert len(sources()) > 50
+    assert sum(is_entry_point(p) for p in sources()) >= 6
+
+
+@pytest.mark.parametrize("path", sources(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_file_is_over_300_lines(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def test_no_project_import_hides_inside_a_function():
+    hidden = {
+        f"{p.relative_to(ROOT)}:{line} imports {name}"
+        for p in sources()
+        if not is_entry_point(p)
+        for line, name in project_imports_in_functions(ast.parse(p.read_text()))
+    }
+    assert not hidden, "imports inside functions dodge the layer rules:\n" + "\n".join(hidden)
+
+
+def test_only_the_allocator_changes_ownership():
+    """The pools' ledger operations are called from the allocator alone (tests excepted)."""
+    allowed = {"flipjax/runtime/allocator.py", "flipjax/runtime/pools.py"}
+    calls = []
+    for p in sources():
+        if p.relative_to(ROOT).as_posix() in allowed:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("allocate", "share", "release")
+                and isinstance(node.func.value, ast.Attribute | ast.Name)
+                and (getattr(node.func.value, "attr", None) or node.func.value.id)
+                in ("pages", "slots", "pool", "_pages", "_slots")
+            ):
+                calls.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert not calls, f"ownership changed outside the allocator at {calls}"
