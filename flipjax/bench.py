@@ -2,7 +2,8 @@
 
 Benchmarks: `engine` (flipjax vs transformers, prefill and decode), `store` (store tiers vs raw
 file I/O), `flip` (a live layout flip vs a plain copy and vs a restart), `serve` (the HTTP
-server under concurrent clients; cold vs stored-prefix TTFT). Each reports ratios, since a
+server under concurrent clients; cold vs stored-prefix TTFT), `requests` (structured output
+and parallel choices against their peers). Each reports ratios, since a
 single absolute time on a shared machine means little.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHMARKS = ("engine", "store", "flip", "serve")
+BENCHMARKS = ("engine", "store", "flip", "serve", "requests")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,6 +24,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.flip import main as run
     elif argv[0] == "serve":
         from flipjax.benchmarks.serve import main as run
+    elif argv[0] == "requests":
+        from flipjax.benchmarks.requests import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

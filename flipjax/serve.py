@@ -15,6 +15,13 @@ from typing import Any
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flipjax.serve", description=__doc__)
     p.add_argument("--model", default="tiny", help="HF checkpoint folder, or 'tiny' (default)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the names requests may use; responses carry the first (default: "
+                   "--model as given)")
+    p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
+                   help="split <think>...</think> out of chat answers into reasoning_content")
+    p.add_argument("--disable-any-whitespace", action="store_true",
+                   help="structured JSON output without free whitespace between tokens")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--layout", default=None,
                    help="where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...]")
@@ -97,8 +104,10 @@ def main(argv: list[str] | None = None) -> None:
         f"device radix tree, up to {cache.max_states} GDN states on a {cache.interval}-token grid",
     )  # fmt: skip
     app = create_app(
-        engine, args.host, args.api_key, args.admin_api_key, template, control, autopilot
-    )
+        engine, args.host, args.api_key, args.admin_api_key, template, control, autopilot,
+        args.served_model_name or [args.model], args.reasoning_parser,
+        not args.disable_any_whitespace,
+    )  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

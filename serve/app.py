@@ -8,6 +8,8 @@ an engine failure fails its requests with a 500 while the server keeps serving.
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 from fastapi import FastAPI
 
 from flipjax.engine.engine import Engine
@@ -15,7 +17,7 @@ from flipjax.engine.pilot import Autopilot
 from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import install_handlers
-from serve.routes import admin, completions, info, sessions, store
+from serve.routes import admin, chat, completions, info, sessions, store
 from serve.state import ServerState
 from serve.store_control import StoreControl
 
@@ -28,15 +30,19 @@ def create_app(
     chat_template: str = DEFAULT_TEMPLATE,
     store_control: StoreControl | None = None,
     autopilot: Autopilot | None = None,
+    served_names: list[str] | None = None,
+    reasoning_parser: str | None = None,
+    any_whitespace: bool = True,
 ) -> FastAPI:
-    app = FastAPI(title="flipjax")
+    app = FastAPI(title="flipjax", version=version("flipjax"))
     loop = EngineLoop(engine, autopilot)
     app.state.server = ServerState(
         engine, loop, ChatTemplate(chat_template), host, api_key, admin_key, store_control,
-        autopilot,
+        autopilot, served_names or [], reasoning_parser, any_whitespace,
     )  # fmt: skip
     app.router.on_shutdown.append(loop.close)
     install_handlers(app)
-    for group in (info, completions, sessions, admin, store):
-        app.include_router(group.router)
+    for router in (info.router, info.guarded, completions.router, chat.router, sessions.router,
+                   admin.router, store.router):  # fmt: skip
+        app.include_router(router)
     return app

@@ -21,27 +21,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flipjax.engine.engine import Engine, Output
+from flipjax.engine.outputs import prompt_logprobs
 from flipjax.engine.pilot import Autopilot
+from flipjax.engine.sequence import TokenLogprob
 
 log = logging.getLogger("flipjax.serve")
 
 
 @dataclass
 class Update:
-    """What a subscriber learns after a step: the tokens generated since its last update, or
-    the end."""
+    """What a subscriber learns after a step about one of its requests: the tokens (and their
+    logprobs, when asked) generated since its last update, or the end."""
 
+    request_id: str
     new_ids: list[int]
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # with the first tokens, if asked
     output: Output | None = None  # set once, when the request finished
     error: str | None = None  # set when the request failed inside the engine
 
 
 @dataclass
 class _Request:
-    start: Callable[[Engine], str]  # queues the request on the engine, returns its id
     notify: Callable[[Update], None]
-    admitted: Future[str] = field(default_factory=Future)  # the id, or the refusal
-    request_id: str | None = None
     sent: int = 0
 
 
@@ -59,13 +61,16 @@ class EngineLoop:
 
     # -- called from any thread -----------------------------------------------------------------
 
-    def submit(self, start: Callable[[Engine], str], notify: Callable[[Update], None]) -> str:
-        """Queue a request with `start(engine)` (e.g. `engine.add_request(...)`) on the loop
-        thread; returns its id once admitted. A refusal raises ValueError (bad input) or
-        KeyError (an unknown checkpoint or session)."""
-        req = _Request(start, notify)
-        self._commands.put(lambda: self._admit(req))
-        return req.admitted.result()
+    def submit(
+        self, starts: list[Callable[[Engine], str]], notify: Callable[[Update], None]
+    ) -> list[tuple[list[str], int]]:
+        """Queue requests with each `start(engine)` (e.g. `engine.add_request(...)`) on the
+        loop thread, all or none; returns each one's choice ids and prompt tokens once
+        admitted. A refusal raises ValueError (bad input) or KeyError (an unknown checkpoint or
+        session) and leaves nothing queued."""
+        admitted: Future[list[tuple[list[str], int]]] = Future()
+        self._commands.put(lambda: self._admit(starts, notify, admitted))
+        return admitted.result()
 
     def abort(self, request_id: str) -> None:
         """Abort soon, without waiting (a client went away)."""
@@ -111,22 +116,34 @@ class EngineLoop:
             if self.engine.has_unfinished():
                 self._step()
 
-    def _admit(self, req: _Request) -> None:
+    def _admit(
+        self,
+        starts: list[Callable[[Engine], str]],
+        notify: Callable[[Update], None],
+        admitted: Future[list[tuple[list[str], int]]],
+    ) -> None:
+        started: list[str] = []
         try:
-            rid = req.start(self.engine)
+            for start in starts:
+                started.append(start(self.engine))
         except (ValueError, KeyError) as err:
-            req.admitted.set_exception(err)
+            for rid in started:
+                for choice in self.engine.requests.choices(rid):
+                    self.engine.abort(choice)
+            admitted.set_exception(err)
             return
-        req.request_id = rid
-        self._live[rid] = req
-        req.admitted.set_result(rid)
+        requests = self.engine.requests
+        choices = [(requests.choices(rid), requests.prompt_tokens(rid)) for rid in started]
+        for rid in (c for group, _ in choices for c in group):
+            self._live[rid] = _Request(notify)
+        admitted.set_result(choices)
 
     def _abort(self, request_id: str) -> bool:
         req = self._live.pop(request_id, None)
         if req is None:
             return False
         out = self.engine.abort(request_id)
-        req.notify(Update([], output=out))
+        req.notify(Update(request_id, [], output=out))
         return True
 
     def _step(self) -> None:
@@ -141,7 +158,7 @@ class EngineLoop:
                     self.engine.abort(rid)
                 except KeyError:
                     pass
-                req.notify(Update([], error=f"internal error: {err}"))
+                req.notify(Update(rid, [], error=f"internal error: {err}"))
             return
         self.steps += 1
         if self.autopilot is not None:
@@ -149,12 +166,14 @@ class EngineLoop:
         for out in finished:
             req = self._live.pop(out.request_id, None)
             if req is not None:
-                req.notify(Update([], output=out))
+                req.notify(Update(out.request_id, [], output=out))
         for rid, req in self._live.items():
-            ids = self.engine.generated(rid, req.sent)
+            ids, logprobs = self.engine.requests.generated(rid, req.sent)
             if ids:
+                first = req.sent == 0
                 req.sent += len(ids)
-                req.notify(Update(ids))
+                prompt = prompt_logprobs(self.engine.requests[rid]) if first else None
+                req.notify(Update(rid, ids, logprobs, prompt))
 
     def _pilot(self, autopilot: Autopilot) -> None:
         autopilot.observe(self.engine.last_step)

@@ -7,6 +7,7 @@ boundary.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -72,6 +73,14 @@ class Metrics:
         self.flips = Counter("flipjax:flips", "Layout flips", ["direction"], registry=r)
         self.flip_seconds = Counter("flipjax:flip_seconds", "Time spent flipping", registry=r)
         self.layout = Gauge("flipjax:layout", "The current layout (1)", ["layout"], registry=r)
+        self.unknown_fields = Counter(
+            "flipjax:unknown_request_fields", "Requests that sent a field flipjax ignores",
+            ["field"], registry=r,
+        )  # fmt: skip
+        self.grammars = Counter(
+            "flipjax:structured_output_grammars", "Structured-output grammars by outcome",
+            ["event"], registry=r,
+        )  # fmt: skip
         self._flips_seen = 0
         self._totals: dict[int, int] = {}
 
@@ -112,6 +121,13 @@ class Metrics:
         self._flips_seen = len(flips)
         self.layout.clear()
         self.layout.labels(engine.layout).set(1)
+
+    def read_server(self, unknown: Mapping[str, int], grammars: Mapping[str, int]) -> None:
+        """Refresh the counters the HTTP layer keeps: ignored fields, grammar compiles."""
+        for name, total in unknown.items():
+            self._advance(self.unknown_fields.labels(name), total)
+        for event in ("compiled", "hits", "refused"):
+            self._advance(self.grammars.labels(event), grammars.get(event, 0))
 
     def _advance(self, counter: Any, total: int) -> None:
         """Bring a Prometheus counter up to an engine-side running total."""

@@ -3,6 +3,7 @@ optional phase policy and store control, held on `app.state.server`."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 import time
@@ -12,6 +13,7 @@ from fastapi import Request
 
 from flipjax.engine.engine import Engine
 from flipjax.engine.pilot import Autopilot
+from flipjax.runtime.grammar import GrammarCompiler
 from serve.chat_template import ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import APIError
@@ -29,15 +31,27 @@ class ServerState:
     admin_key: str | None = None
     store_control: StoreControl | None = None
     autopilot: Autopilot | None = None
+    served_names: list[str] = field(default_factory=list)  # responses name the first
+    reasoning_parser: str | None = None  # "qwen3": <think>...</think> into reasoning_content
+    any_whitespace: bool = True  # JSON grammars allow any whitespace between tokens
     metrics: Metrics = field(default_factory=Metrics)
     created: int = field(default_factory=lambda: int(time.time()))
+    grammars: GrammarCompiler | None = None  # built on the first structured request
+    grammar_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.served_names = self.served_names or [self.engine.name]
+
+    @property
+    def model_name(self) -> str:
+        return self.served_names[0]
 
     @property
     def loopback(self) -> bool:
         return ipaddress.ip_address(_resolve(self.host)).is_loopback
 
     def check_model(self, model: str | None) -> None:
-        if model not in (None, self.engine.name):
+        if model is not None and model not in self.served_names:
             raise APIError(404, f"model: {model!r} is not served here", "model")
 
 

@@ -1,39 +1,88 @@
-"""Submitting a request to the engine loop, and answering it: collected, or streamed as SSE.
+"""Submitting requests to the engine loop, and collecting their choices.
 
-`submit` queues `start(engine)` on the loop thread and returns the request's id and the queue
-its updates arrive on; a refusal raises the `APIError` the client gets. `respond` turns the
-updates into the response, with `build` making each stream chunk and `body` the whole answer.
+One HTTP request becomes one engine request per prompt, each with `n` parallel choices; they are
+queued all or none. `Submitted` lists every choice in response order (prompt by prompt, then
+choice by choice) with the queue their updates arrive on. A refusal raises the `APIError` the
+client gets.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-
 from flipjax.engine.engine import Engine, Output
-from flipjax.runtime.sampling import SamplingParams
-from serve.detokenize import IncrementalText
 from serve.engine_loop import Update
 from serve.errors import APIError, refusal
 from serve.state import ServerState
-from serve.streaming import ChunkBuilder, collect, stream
-
-Submitted = tuple[str, asyncio.Queue[Update]]
 
 
-async def submit(state: ServerState, start: Callable[[Engine], str]) -> Submitted:
+@dataclass(frozen=True)
+class Choice:
+    index: int  # its place in the response
+    request_id: str
+    prompt: int  # which of the request's prompts it answers
+    prompt_tokens: int
+
+
+@dataclass
+class Submitted:
+    choices: list[Choice]
+    updates: asyncio.Queue[Update]
+
+    def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        """The OpenAI usage object; each prompt counts once, however many choices it has."""
+        prompt = sum({c.prompt: c.prompt_tokens for c in self.choices}.values())
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        }
+
+    def final_usage(self, outputs: list[Output]) -> dict[str, Any]:
+        """Usage once every choice finished; a prompt's cached tokens are its first choice's
+        (the others fork from it)."""
+        first = {}
+        for choice, out in zip(self.choices, outputs, strict=True):
+            first.setdefault(choice.prompt, out.cached_tokens)
+        return self.usage(sum(len(o.token_ids) for o in outputs), sum(first.values()))
+
+
+async def submit(state: ServerState, starts: list[Callable[[Engine], str]]) -> Submitted:
     updates: asyncio.Queue[Update] = asyncio.Queue()
     aio = asyncio.get_running_loop()
     try:
-        rid = await asyncio.to_thread(
-            state.loop.submit, start, lambda u: aio.call_soon_threadsafe(updates.put_nowait, u)
+        admitted = await asyncio.to_thread(
+            state.loop.submit, starts, lambda u: aio.call_soon_threadsafe(updates.put_nowait, u)
         )
     except (ValueError, KeyError) as err:
         raise refusal(err) from None
-    return rid, updates
+    choices = [
+        Choice(index, rid, prompt, tokens)
+        for index, (prompt, rid, tokens) in enumerate(
+            (p, rid, tokens) for p, (ids, tokens) in enumerate(admitted) for rid in ids
+        )
+    ]
+    return Submitted(choices, updates)
+
+
+async def collect(state: ServerState, submitted: Submitted) -> list[Output]:
+    """Every choice's output, in response order; an engine failure is a 500."""
+    done: dict[str, Output] = {}
+    while len(done) < len(submitted.choices):
+        update = await submitted.updates.get()
+        if update.error is not None:
+            for choice in submitted.choices:
+                if choice.request_id not in done:
+                    state.loop.abort(choice.request_id)
+            raise APIError(500, update.error, None, "internal_error")
+        if update.output is not None:
+            done[update.request_id] = update.output
+            state.metrics.request_finished(update.output)
+    return [done[c.request_id] for c in submitted.choices]
 
 
 async def on_loop(state: ServerState, fn: Callable[[Engine], Any]) -> Any:
@@ -42,23 +91,3 @@ async def on_loop(state: ServerState, fn: Callable[[Engine], Any]) -> Any:
         return await asyncio.to_thread(state.loop.call, fn)
     except (ValueError, KeyError) as err:
         raise refusal(err) from None
-
-
-async def respond(
-    state: ServerState,
-    submitted: Submitted,
-    params: SamplingParams,
-    streamed: bool,
-    build: ChunkBuilder,
-    body: Callable[[Output], Any],
-) -> Response:
-    rid, updates = submitted
-    if streamed:
-        text = IncrementalText(state.engine.tokenizer, params.stop)
-        events = stream(state.loop, rid, updates, text, build, state.metrics.request_finished)
-        return StreamingResponse(events, media_type="text/event-stream")
-    update = await collect(updates)
-    if update.error is not None:
-        raise APIError(500, update.error, None, "internal_error")
-    state.metrics.request_finished(update.output)
-    return JSONResponse(body(update.output))

@@ -12,14 +12,14 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from flipjax.runtime.sampling import (
+from flipjax.runtime.sampler import (
     SamplerRow,
-    SamplingParams,
     _apply_filters,
     _apply_penalties,
     build_inputs,
     sample,
 )
+from flipjax.runtime.sampling import SamplingParams
 
 VOCAB = 64
 
@@ -52,7 +52,7 @@ def test_filters_keep_what_hf_warpers_keep():
     logits = rng.normal(size=(len(PARAMS), VOCAB)).astype(np.float32) * 3
     logits[-1] *= 0.1
     rows = [SamplerRow(p, seed=0) for p in PARAMS]
-    inputs, _ = build_inputs(rows, len(rows))
+    inputs, _ = build_inputs(rows, len(rows), VOCAB)
     ours = np.asarray(_apply_filters(logits, inputs))
     for i, p in enumerate(PARAMS):
         want = np.isfinite(_hf_filter(logits[i], p))
@@ -64,7 +64,7 @@ def test_penalties_match_hf_and_openai_formula():
     logits = rng.normal(size=(2, VOCAB)).astype(np.float32)
     prompt, output = [1, 2, 3, 3], [3, 7, 7, 7, 9]
     p = SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25)
-    inputs, _ = build_inputs([SamplerRow(p, 0, prompt, output), None], 2)
+    inputs, _ = build_inputs([SamplerRow(p, 0, prompt, output), None], 2, VOCAB)
     ours = np.asarray(_apply_penalties(logits, inputs))[0]
     want = RepetitionPenaltyLogitsProcessor(1.3)(
         torch.tensor([prompt + output]), torch.tensor(logits[:1])
@@ -79,7 +79,7 @@ def test_draws_follow_the_distribution():
     logits = np.log(np.array([0.5, 0.25, 0.125, 0.125] + [1e-9] * 4, np.float32))
     n = 4000
     rows = [SamplerRow(SamplingParams(temperature=1.0), seed=s) for s in range(n)]
-    inputs, flags = build_inputs(rows, n)
+    inputs, flags = build_inputs(rows, n, len(logits))
     out = sample(np.tile(logits, (n, 1)), inputs, **flags)
     freq = np.bincount(np.asarray(out.tokens), minlength=8) / n
     np.testing.assert_allclose(freq[:4], [0.5, 0.25, 0.125, 0.125], atol=0.03)
@@ -91,11 +91,11 @@ def test_temperature_zero_is_argmax_and_seed_is_per_row():
     logits = rng.normal(size=(4, VOCAB)).astype(np.float32)
     hot = SamplingParams(temperature=1.5)
     rows = [SamplerRow(SamplingParams.greedy(), 0), SamplerRow(hot, 7), SamplerRow(hot, 7), None]
-    inputs, flags = build_inputs(rows, 4)
+    inputs, flags = build_inputs(rows, 4, VOCAB)
     out = sample(logits, inputs, **flags)
     assert out.tokens[0] == np.argmax(logits[0])
     # row 2 alone, at a different batch index and size, draws the same as row 1 with its seed
-    alone, flags1 = build_inputs([SamplerRow(hot, 7)], 1)
+    alone, flags1 = build_inputs([SamplerRow(hot, 7)], 1, VOCAB)
     assert sample(logits[1:2], alone, **flags1).tokens[0] == out.tokens[1]
 
 
@@ -103,7 +103,7 @@ def test_logprobs_are_the_model_distribution():
     rng = np.random.default_rng(3)
     logits = rng.normal(size=(1, VOCAB)).astype(np.float32)
     rows = [SamplerRow(SamplingParams(temperature=0, logprobs=3, repetition_penalty=2.0), 0)]
-    inputs, flags = build_inputs(rows, 1)
+    inputs, flags = build_inputs(rows, 1, VOCAB)
     out = sample(logits, inputs, **flags)
     lsm = logits[0] - np.log(np.exp(logits[0]).sum())
     order = np.argsort(-lsm)[:3]

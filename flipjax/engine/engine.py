@@ -33,6 +33,7 @@ from flipjax.model.dtypes import parse_dtype
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime.allocator import Allocator
+from flipjax.runtime.constraint import TokenConstraint
 from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.pools import PagePool, SlotPool
 from flipjax.runtime.sampling import DEFAULT_MAX_TOKENS, SamplingParams
@@ -77,10 +78,10 @@ class Engine:
             chunk_grid=self.gdn_interval if moves_state else None,
             prefix_cache=self.prefix_cache,
         )  # fmt: skip
-        self.max_model_len = ec.model_len(self.config)
+        self.max_model_len = max_len = ec.model_len(self.config)
         self.runner = ModelRunner(
             self.config, self.graphdef, params, dtype, ec.page_size, ec.num_pages, ec.slots,
-            self.max_model_len, ec.max_running_requests, ec.max_prefill_tokens,
+            max_len, ec.max_running_requests, ec.max_prefill_tokens,
             placement_for(layout, self.config) if layout is not None else None,
         )  # fmt: skip
         self.layouts = Layouts(self.runner, state_io=moves_state)
@@ -89,10 +90,8 @@ class Engine:
             prefix_store,
         )  # fmt: skip
         self.scheduler.on_admit = self.reuse.seed
-        self.requests = Requests(
-            tokenizer, self.config.vocab_size, self.max_model_len, self.scheduler
-        )
-        self.stepper = Stepper(self.runner, self.reuse, tokenizer, self.max_model_len)
+        self.requests = Requests(tokenizer, self.config.vocab_size, max_len, self.scheduler)
+        self.stepper = Stepper(self.runner, self.scheduler, self.reuse, tokenizer, max_len)
         self.sessions = Sessions(checkpoints, self.gdn_interval)
         self.last_step: StepStats | None = None
         self._reference = ContiguousForward(self.graphdef, self.config, dtype)
@@ -148,18 +147,21 @@ class Engine:
         prompt: str | list[int],
         sampling: SamplingParams | None = None,
         request_id: str | None = None,
-        max_new_tokens: int = DEFAULT_MAX_TOKENS,
+        max_new_tokens: int | None = DEFAULT_MAX_TOKENS,  # None: as many as fit
         session_id: str | None = None,
         chat: list[dict[str, str]] | None = None,
+        n: int = 1,
+        grammar: TokenConstraint | None = None,
     ) -> str:
         """Queue a request; returns its id. Refusals raise ValueError and queue nothing. With
         `session_id` it is the session's next turn (after its tokens, unless the prompt was
-        rendered from the whole conversation `chat`)."""
+        rendered from the whole conversation `chat`). `n` choices share one prefill
+        (`requests.choices` has their ids); `grammar` constrains every token."""
         params = sampling if sampling is not None else SamplingParams.greedy()
         ids = self.sessions.context(session_id, chat) + self.requests.encode(prompt)
         seed = params.seed if params.seed is not None else secrets.randbits(32)
-        seq = Sequence("", ids, params, 0, seed, session_id=session_id, chat=chat)
-        return self.requests.enqueue(seq, params, max_new_tokens, request_id)
+        seq = Sequence("", ids, params, 0, seed, session_id=session_id, chat=chat, grammar=grammar)
+        return self.requests.enqueue(seq, params, max_new_tokens, request_id, n)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -177,12 +179,7 @@ class Engine:
 
     def generated(self, request_id: str, start: int = 0) -> list[int]:
         """The ids an in-flight request generated from index `start` on (what is new)."""
-        seq = self.requests[request_id]
-        return seq.output_ids[seq.carried + start :]
-
-    def sampling(self, request_id: str) -> SamplingParams:
-        """The sampling parameters an in-flight request runs with."""
-        return self.requests[request_id].params
+        return self.requests.generated(request_id, start)[0]
 
     def abort(self, request_id: str) -> Output:
         """Stop a request now and free its pages and slot."""

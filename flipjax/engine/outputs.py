@@ -27,6 +27,8 @@ class Output:
     ttft_s: float | None  # arrival to first token
     e2e_s: float  # arrival to finish
     cached_tokens: int = 0  # prompt tokens taken from the prefix store, not computed
+    # With prompt logprobs: one per prompt token, None for the first (nothing precedes it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,4 +65,10 @@ def build_output(seq: Sequence, text: str) -> Output:
         ttft_s=ttft,
         e2e_s=seq.finish_time - seq.arrival_time,
         cached_tokens=seq.cached_tokens,
+        prompt_logprobs=prompt_logprobs(seq),
     )
+
+
+def prompt_logprobs(seq: Sequence) -> list[TokenLogprob | None] | None:
+    """One per prompt token, None for the first; None when the request did not ask."""
+    return None if seq.params.prompt_logprobs is None else [None, *seq.prompt_logprobs]

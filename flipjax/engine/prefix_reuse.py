@@ -17,7 +17,14 @@ from contextlib import contextmanager
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sequence import Sequence
-from flipjax.runtime.cache_io import copy_slot, read_pages, read_slot, write_pages, write_slot
+from flipjax.runtime.cache_io import (
+    copy_page,
+    copy_slot,
+    read_pages,
+    read_slot,
+    write_pages,
+    write_slot,
+)
 from flipjax.runtime.model_runner import ModelRunner
 from store.prefix import PrefixStore
 
@@ -58,6 +65,9 @@ class PrefixReuse:
         """
         if seq.num_computed or self._paused:
             return
+        if seq.params.prompt_logprobs is not None:  # every prompt position's logits are needed
+            self.counters["scoring_skips"] += 1
+            return
         known = seq.all_ids[:-1]
         tokens, tier = 0, None
         cache = self.cache
@@ -82,7 +92,8 @@ class PrefixReuse:
         if not seq.output_ids:  # a resumed request's usage keeps its first admission's count
             seq.cached_tokens = tokens
         self.counters[f"hits_{tier}" if tier else "misses"] += 1
-        self.counters[f"hit_tokens_{tier}"] += tokens if tier else 0
+        if tier:
+            self.counters[f"hit_tokens_{tier}"] += tokens
 
     def publish(self, seq: Sequence, start: int) -> None:
         """Offer pages completed since `start`, and a grid state, to the device prefix cache
@@ -107,6 +118,30 @@ class PrefixReuse:
             with self.runner.compiles.watch():
                 rec, conv = read_slot(self.runner.state, seq.slot)
             store.publish_state(seq.all_ids[:end], rec, conv)
+
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Start `child` exactly where `parent` is, its prompt computed: the parent's full pages
+        shared, its partly filled last page and its GDN state copied into the child's own.
+        False (nothing held) when no slot or page is free; the child then computes alone."""
+        allocator, ps = self.scheduler.allocator, self.page_size
+        full, computed = parent.num_computed // ps, parent.num_computed
+        if not allocator.free_slots:
+            return False
+        allocator.take_slot(child)
+        allocator.adopt(child, parent.pages[:full])
+        if not allocator.grow(child, computed):
+            allocator.free(child)
+            return False
+        with self.runner.compiles.watch():
+            state = self.runner.state
+            if computed % ps:
+                state = copy_page(state, parent.pages[full], child.pages[full])
+            self.runner.state = copy_slot(state, parent.slot, child.slot)
+        child.num_computed = computed
+        child.cached_tokens = computed
+        child.prompt_logprobs = list(parent.prompt_logprobs)
+        self.counters["forks"] += 1
+        return True
 
     def _copy_state(self, src: int, dst: int) -> None:
         with self.runner.compiles.watch():

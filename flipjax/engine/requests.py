@@ -11,7 +11,7 @@ import itertools
 import numpy as np
 
 from flipjax.engine.scheduler import Scheduler
-from flipjax.engine.sequence import Sequence
+from flipjax.engine.sequence import Sequence, TokenLogprob
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime.sampling import SamplingParams
 
@@ -25,6 +25,7 @@ class Requests:
         self.max_model_len = max_model_len
         self.scheduler = scheduler
         self._live: dict[str, Sequence] = {}
+        self._choices: dict[str, list[str]] = {}
         self._ids = itertools.count()
 
     def encode(self, prompt: str | list[int]) -> list[int]:
@@ -44,21 +45,53 @@ class Requests:
             )
 
     def enqueue(
-        self, seq: Sequence, params: SamplingParams, max_new_tokens: int, request_id: str | None
+        self,
+        seq: Sequence,
+        params: SamplingParams,
+        max_new_tokens: int | None,
+        request_id: str | None,
+        n: int = 1,
     ) -> str:
-        """Give `seq` its id and token budget and queue it; returns the id."""
+        """Give `seq` its id and token budget and queue it, with `n - 1` more choices that fork
+        from it once its prompt is computed (ids `<id>-1`, ...); returns the id."""
+        if n < 1 or (n > 1 and seq.session_id is not None):
+            raise ValueError(f"n: {n} choices; a request has at least one, a session turn one")
         max_tokens = params.max_tokens if params.max_tokens is not None else max_new_tokens
-        if max_tokens <= 0:
+        if max_tokens is None:  # as many as the context and the page pool leave room for
+            pool = self.scheduler.pages.total * self.scheduler.page_size
+            max_tokens = max(min(self.max_model_len, pool) - seq.num_tokens, 1)
+        if max_tokens < 0 or (max_tokens == 0 and params.prompt_logprobs is None):
             name = "max_tokens" if params.max_tokens is not None else "max_new_tokens"
             raise ValueError(f"{name}: must be positive, got {max_tokens}")
+        bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias: token ids {bad[:8]} are outside the vocabulary")
         self.check_length(seq.num_tokens + max_tokens)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._live:
             raise ValueError(f"request_id: {request_id!r} is already in flight")
         seq.request_id, seq.max_tokens = request_id, seq.carried + max_tokens
+        seq.forks = [_choice(seq, i) for i in range(1, n)]
         self.scheduler.add(seq)
-        self._live[request_id] = seq
+        for s in (seq, *seq.forks):
+            self._live[s.request_id] = s
+        self._choices[request_id] = [s.request_id for s in (seq, *seq.forks)]
         return request_id
+
+    def generated(self, request_id: str, start: int = 0) -> tuple[list[int], list[TokenLogprob]]:
+        """The ids an in-flight request generated from index `start` on (what is new), and
+        their logprobs when it asked for them."""
+        seq = self[request_id]
+        return seq.output_ids[seq.carried + start :], seq.logprobs[start:]
+
+    def prompt_tokens(self, request_id: str) -> int:
+        seq = self[request_id]
+        return len(seq.prompt_ids) + seq.carried
+
+    def choices(self, request_id: str) -> list[str]:
+        """The ids of a request's parallel choices, itself first (one unless it asked n)."""
+        self[request_id]
+        return list(self._choices.get(request_id, [request_id]))
 
     def __getitem__(self, request_id: str) -> Sequence:
         seq = self._live.get(request_id)
@@ -70,3 +103,14 @@ class Requests:
         """Free what `seq` holds and forget it."""
         self.scheduler.finish(seq)
         del self._live[seq.request_id]
+        self._choices.pop(seq.request_id, None)
+
+
+def _choice(parent: Sequence, i: int) -> Sequence:
+    """Choice `i` of `parent`'s prompt: the same request with its own id, RNG stream (seed + i,
+    as vLLM seeds parallel choices) and grammar state."""
+    grammar = parent.grammar.fork() if parent.grammar is not None else None
+    return Sequence(
+        f"{parent.request_id}-{i}", parent.prompt_ids, parent.params, parent.max_tokens,
+        parent.seed + i, chat=parent.chat, grammar=grammar, parent=parent,
+    )  # fmt: skip

@@ -74,6 +74,11 @@ class Scheduler:
         self.counters: Counter[str] = Counter()
 
     def add(self, seq: Sequence) -> None:
+        if 1 + len(seq.forks) > self.max_running_requests:
+            raise ValueError(
+                f"n: {1 + len(seq.forks)} choices exceed max_running_requests "
+                f"{self.max_running_requests}; each choice runs as a request"
+            )
         worst = pages_for(len(seq.prompt_ids) + seq.max_tokens, self.page_size)
         if worst > self.pages.total:
             raise ValueError(
@@ -100,6 +105,25 @@ class Scheduler:
             # Every running request is stuck mid-prompt on pages: free the newest.
             self._retract(self.running[-1])
 
+    def release_forks(
+        self, parent: Sequence, fork: Callable[[Sequence, Sequence], bool]
+    ) -> list[Sequence]:
+        """Hand `parent`'s waiting choices over: each that `fork(parent, child)` starts where
+        the parent is runs from now on; the others queue to compute their prompt alone. Returns
+        the forked ones."""
+        forked = []
+        for child in parent.forks:
+            child.parent = None
+            if fork(parent, child):
+                child.status = Status.RUNNING
+                self.running.append(child)
+                forked.append(child)
+            else:
+                self.waiting.appendleft(child)
+                self.counters["unforked"] += 1
+        parent.forks = []
+        return forked
+
     def finish(self, seq: Sequence) -> None:
         """Free a finished (or aborted) request's pages and slot at once."""
         self.allocator.free(seq)
@@ -107,6 +131,13 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq.parent is not None:  # a choice still waiting for its parent's prompt
+            seq.parent.forks.remove(seq)
+            seq.parent = None
+        for child in seq.forks:  # the parent ended first: its choices compute alone
+            child.parent = None
+            self.waiting.appendleft(child)
+        seq.forks = []
         seq.status = Status.FINISHED
 
     # -- internals ------------------------------------------------------------------------------
@@ -128,11 +159,9 @@ class Scheduler:
                 budget -= self._chunks(seq, budget, plan)
         # A request just retracted to make room must not be readmitted into that same room.
         admit = self.counters["retracted"] == retracted_before
-        while (
-            admit and budget > 0 and self.waiting and len(self.running) < self.max_running_requests
-        ):
+        while admit and budget > 0 and self.waiting:
             seq = self.waiting[0]
-            if self.allocator.free_slots == 0:
+            if not self._room(seq):
                 break
             if not self._admissible(seq, len(plan.decode)):
                 break  # FIFO: the head waits for pages, nobody jumps ahead
@@ -145,6 +174,16 @@ class Scheduler:
                 self.on_admit(seq)
             budget -= self._chunks(seq, budget, plan)
         return plan
+
+    def _room(self, seq: Sequence) -> bool:
+        """Whether `seq` and its parallel choices fit beside the running requests and the
+        choices those have yet to fork (each choice runs as a request with its own slot)."""
+        reserved = sum(len(s.forks) for s in self.running)
+        need = 1 + len(seq.forks)
+        return (
+            len(self.running) + reserved + need <= self.max_running_requests
+            and self.allocator.free_slots - reserved >= need
+        )
 
     def _admissible(self, seq: Sequence, decoding: int) -> bool:
         """Whether the queue's head can start now: its first page, plus one page of headroom

@@ -12,6 +12,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from flipjax.runtime.constraint import TokenConstraint
 from flipjax.runtime.sampling import SamplingParams
 
 
@@ -37,6 +38,7 @@ class Sequence:
     seed: int
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # of prompt tokens 1...
     pages: list[int] = field(default_factory=list)
     slot: int | None = None
     num_computed: int = 0
@@ -44,6 +46,11 @@ class Sequence:
     carried: int = 0  # output_ids generated before this request (a branch of a checkpoint)
     session_id: str | None = None  # the session this turn extends when it finishes
     chat: list[dict[str, str]] | None = None  # the chat messages the prompt was rendered from
+    grammar: TokenConstraint | None = None  # allowed tokens per step (structured output)
+    # Parallel choices of one prompt (n > 1) waiting for this request's prompt to be computed,
+    # then forked from it; a waiting choice knows its parent.
+    forks: list[Sequence] = field(default_factory=list)
+    parent: Sequence | None = None
     status: Status = Status.WAITING
     finish_reason: str | None = None
     text: str = ""

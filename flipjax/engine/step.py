@@ -2,27 +2,41 @@
 
 Prefill chunks run one request per call and decode rows run together; computed pages and grid
 states are published as soon as each call returns (`PrefixReuse.publish`), and a chunk that
-completes its prompt is sampled like a decode row. Returns the requests that finished.
+completes its prompt is sampled like a decode row, once for each of the prompt's parallel
+choices, which fork from it there. A request that asked for prompt logprobs has them recorded
+chunk by chunk. Returns the requests that finished.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
+import jax.numpy as jnp
 
 from flipjax.engine.prefix_reuse import PrefixReuse
-from flipjax.engine.scheduler import StepPlan
+from flipjax.engine.scheduler import Scheduler, StepPlan
 from flipjax.engine.sequence import Sequence, TokenLogprob
 from flipjax.engine.stopping import append_token
 from flipjax.model.tokenizer import Tokenizer
+from flipjax.runtime.buckets import pow2_bucket
 from flipjax.runtime.model_runner import ModelRunner, Row
-from flipjax.runtime.sampling import SamplerOutputs, SamplerRow
+from flipjax.runtime.paged import Scores
+from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
 
 
 class Stepper:
     def __init__(
-        self, runner: ModelRunner, reuse: PrefixReuse, tokenizer: Tokenizer, max_model_len: int
+        self,
+        runner: ModelRunner,
+        scheduler: Scheduler,
+        reuse: PrefixReuse,
+        tokenizer: Tokenizer,
+        max_model_len: int,
     ):
         self.runner = runner
+        self.scheduler = scheduler
         self.reuse = reuse
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
@@ -30,12 +44,29 @@ class Stepper:
     def run(self, plan: StepPlan) -> list[Sequence]:
         finished: list[Sequence] = []
         for c in plan.prefill:
-            row = Row(c.seq.all_ids[c.start : c.start + c.length], c.start, c.seq.pages, c.seq.slot)
-            logits = self.runner.run([row], decode=False)
-            c.seq.num_computed += c.length
-            self.reuse.publish(c.seq, c.start)
-            if c.completes_prompt:
-                finished += self.sample(logits, [c.seq])
+            seq = c.seq
+            row = Row(seq.all_ids[c.start : c.start + c.length], c.start, seq.pages, seq.slot)
+            k = seq.params.prompt_logprobs
+            if k is None:
+                logits = self.runner.run([row], decode=False)
+            else:
+                row.targets = seq.all_ids[c.start + 1 : c.start + c.length + 1]
+                logits, scores = self.runner.run([row], False, pow2_bucket(k) if k else 0)
+                record_prompt_logprobs(seq, c.start, jax.device_get(scores), k)
+            seq.num_computed += c.length
+            self.reuse.publish(seq, c.start)
+            if not c.completes_prompt:
+                continue
+            group = [seq, *self.scheduler.release_forks(seq, self.reuse.fork)]
+            if seq.max_tokens == seq.carried:  # scoring only: nothing to generate
+                for s in group:
+                    s.finish_reason = "length"
+                finished += group
+            else:
+                if len(group) > 1:
+                    with self.runner.compiles.watch():
+                        logits = _repeat(logits, pow2_bucket(len(group)))
+                finished += self.sample(logits, group)
         if plan.decode:
             rows = [Row(s.all_ids[-1:], s.num_computed, s.pages, s.slot) for s in plan.decode]
             logits = self.runner.run(rows, decode=True)
@@ -47,7 +78,7 @@ class Stepper:
 
     def sample(self, logits: jax.Array, seqs: list[Sequence]) -> list[Sequence]:
         """Draw one token per row of `seqs` and append it; returns the rows that finished."""
-        rows = [SamplerRow(s.params, s.seed, s.prompt_ids, s.output_ids) for s in seqs]
+        rows = [self._row(s) for s in seqs]
         out: SamplerOutputs = self.runner.sample(logits, rows)
         finished = []
         for i, seq in enumerate(seqs):
@@ -58,7 +89,44 @@ class Stepper:
                     zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(), strict=True)
                 )
                 lp = TokenLogprob(int(out.tokens[i]), float(out.logprob[i]), top)
-            append_token(seq, int(out.tokens[i]), lp, self.tokenizer, self.max_model_len)
+            token = int(out.tokens[i])
+            if seq.grammar is not None:
+                seq.grammar.accept(token)
+            append_token(seq, token, lp, self.tokenizer, self.max_model_len)
+            if seq.grammar is not None and seq.grammar.done and seq.finish_reason is None:
+                seq.finish_reason = "stop"  # complete, and the model has no stop token
             if seq.finish_reason is not None:
                 finished.append(seq)
         return finished
+
+    def _row(self, seq: Sequence) -> SamplerRow:
+        """The sampler's view of `seq`: its parameters, its bias (logit_bias, plus EOS and the
+        stop ids held back until min_tokens) and its grammar's mask."""
+        params = seq.params
+        bias = dict(params.logit_bias)
+        if len(seq.output_ids) - seq.carried < params.min_tokens:
+            eos = self.tokenizer.eos_token_id
+            for token in (*params.stop_token_ids, *(() if eos is None else (eos,))):
+                bias[token] = -math.inf
+        mask = seq.grammar.next_mask() if seq.grammar is not None else None
+        return SamplerRow(params, seq.seed, seq.prompt_ids, seq.output_ids, bias or None, mask)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _repeat(logits: jax.Array, rows: int) -> jax.Array:
+    """The first row of `logits`, `rows` times: one prompt's logits for each of its choices."""
+    return jnp.broadcast_to(logits[:1], (rows, logits.shape[1]))
+
+
+def record_prompt_logprobs(seq: Sequence, start: int, scores: Scores, k: int) -> None:
+    """Keep the logprob of each prompt token a chunk from `start` scored (the token at j is
+    scored at position j - 1). Positions already kept, by a run before a retraction, stay."""
+    for i in range(len(scores.chosen[0])):
+        j = start + 1 + i
+        if j >= len(seq.prompt_ids):
+            break
+        if j <= len(seq.prompt_logprobs):
+            continue
+        ids, lps = scores.top_ids[0, i, :k].tolist(), scores.top_logprobs[0, i, :k].tolist()
+        top = list(zip(ids, lps, strict=True))
+        seq.prompt_logprobs.append(TokenLogprob(seq.all_ids[j], float(scores.chosen[0, i]), top))

@@ -27,6 +27,11 @@ def append_token(
     if seq.first_token_time is None:
         seq.first_token_time = time.perf_counter()
 
+    if len(seq.output_ids) - seq.carried < params.min_tokens:
+        # The sampler held EOS and the stop ids back; stop strings wait too, as in vLLM.
+        if len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= max_model_len:
+            seq.finish_reason = "length"
+        return
     eos = tokenizer.eos_token_id
     if (eos is not None and token == eos and not params.ignore_eos) or (
         token in params.stop_token_ids

@@ -18,6 +18,9 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte of a longer character on its own)."""
+
 
 class ByteTokenizer:
     """UTF-8 bytes are ids 0..255; special tokens follow. Ids past those decode to nothing."""
@@ -37,6 +40,12 @@ class ByteTokenizer:
     def decode(self, token_ids: list[int]) -> str:
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        if 0 <= token_id < 256:
+            return bytes([token_id])
+        special = token_id - 256
+        return self.SPECIALS[special].encode() if special < len(self.SPECIALS) else b""
+
 
 class CheckpointTokenizer:
     """Wraps a HF fast tokenizer file (`tokenizer.json`)."""
@@ -45,11 +54,19 @@ class CheckpointTokenizer:
         self._tok = HFTokenizer.from_file(path)
         self.eos_token_id = eos_token_id
 
+    @property
+    def backend(self) -> HFTokenizer:
+        """The `tokenizers` object itself (what grammar engines build their vocabulary from)."""
+        return self._tok
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, token_ids: list[int]) -> str:
         return self._tok.decode(token_ids, skip_special_tokens=True)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._tok.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
 
 class MissingTokenizer:
@@ -64,6 +81,9 @@ class MissingTokenizer:
 
     def decode(self, token_ids: list[int]) -> str:
         return ""
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b""
 
 
 def load_tokenizer(folder: str, eos_token_id: int | None) -> Tokenizer:

@@ -30,13 +30,14 @@ from flipjax.model.gated_deltanet import GDNState
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
-from flipjax.runtime.paged import stage_step, write_slots
+from flipjax.runtime.paged import Scores, stage_step, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.stages import ModelParts, stage_params
 
 Shape = tuple[int, int]  # (rows, tokens per row) of one step
 _programs: dict[tuple[Any, ...], Any] = {}
 _concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
+_concat_tokens = jax.jit(lambda parts: jnp.concatenate(parts, axis=1))
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -122,9 +123,16 @@ class Binding:
         return (m, rows // m, tokens) if rows > 1 else (m, 1, tokens // m)
 
     def run(
-        self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
-    ) -> jax.Array:
-        """One step over [B, T] rows; returns logits [B, vocab] on the sampler's device."""
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        table: np.ndarray,
+        slots: np.ndarray,
+        targets: np.ndarray | None = None,
+        score: int | None = None,
+    ) -> Any:
+        """One step over [B, T] rows; returns logits [B, vocab] on the sampler's device. With
+        `score` (top alternatives), also the `Scores` of `targets` [B, T]: (logits, scores)."""
         b, t = tokens.shape
         m, rb, tb = self.split(b, t)
         if rb < b:
@@ -134,40 +142,49 @@ class Binding:
             # logits are the step's; the rest are all padding.
             last = (int(np.sum(positions[0] >= 0)) - 1) // tb
             pieces = [(slice(None), slice(j * tb, (j + 1) * tb)) for j in range(max(last, 0) + 1)]
-        logits = []
+        outs, last = [], len(self.stages) - 1
         for rows, cols in pieces:
-            x: jax.Array | np.ndarray = tokens[rows, cols]
+            x: Any = tokens[rows, cols]
             for s in range(len(self.stages)):
-                step, write = self.programs(s, (rb, tb))
+                step, write = self.programs(s, (rb, tb), score if s == last else None)
                 put = functools.partial(jax.device_put, device=self._inputs[s])
                 slot_ids = put(slots[rows])
+                extra = () if score is None or s != last else (put(targets[rows, cols]),)
                 x, kv, new_rows = step(
                     self._params[s], self._kv[s], self._gdn[s], put(x),
-                    put(positions[rows, cols]), put(table[rows]), slot_ids,
+                    put(positions[rows, cols]), put(table[rows]), slot_ids, *extra,
                 )  # fmt: skip
                 self._kv[s] = kv
                 self._gdn[s] = write(self._gdn[s], slot_ids, new_rows)
-            logits.append(jax.device_put(x, self.sampler_sharding))
+            outs.append(jax.device_put(x, self.sampler_sharding))
+        if score is not None:  # one row in sub-chunks: the scores of every piece, in order
+            with self.compiles.watch():
+                scores = jax.tree.map(lambda *a: _concat_tokens(a), *(s for _, s in outs))
+            return outs[-1][0], scores
         if rb == b:
-            return logits[-1]
+            return outs[-1]
         with self.compiles.watch():
-            return _concat(logits)
+            return _concat(outs)
 
-    def programs(self, stage: int, shape: Shape) -> tuple[Any, Any]:
-        key = self._key(stage, shape)
+    def programs(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, Any]:
+        key = self._key(stage, shape, score)
         if key not in _programs:
             with self.compiles.watch():
-                compile_programs(self, [shape], stages=[stage])
+                compile_programs(self, [shape], stages=[stage], score=score)
         return _programs[key]
 
-    def _key(self, stage: int, shape: Shape) -> tuple[Any, ...]:
-        return (*self._key_base, stage, shape)
+    def _key(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, ...]:
+        return (*self._key_base, stage, shape, score)
 
 
 def compile_programs(
-    binding: Binding, shapes: Iterable[Shape], stages: Iterable[int] | None = None
+    binding: Binding,
+    shapes: Iterable[Shape],
+    stages: Iterable[int] | None = None,
+    score: int | None = None,
 ) -> None:
-    """Compile the stage programs of `shapes` for `binding`'s placement, from abstract shapes.
+    """Compile the stage programs of `shapes` for `binding`'s placement, from abstract shapes
+    (with `score`, the last stage's scoring variant that also returns prompt logprobs).
 
     Only the binding's placement and the shapes and dtypes of its arrays are read, so this can
     run for a layout before any array moves to it (arming).
@@ -186,23 +203,26 @@ def compile_programs(
         gdn_sh = tuple(state_sh.gdn[i] for i in binding._gdn_ids[s])
         # A layer's per-row GDN states are sharded like its slot pool (same axes after 0).
         rows_sh = tuple(GDNState(g.recurrent, g.conv) for g in gdn_sh)
+        scoring = score if span.last else None
+        out_sh = rep if scoring is None else (rep, Scores(rep, rep, rep))
         step_fn = jax.jit(
-            functools.partial(stage_step, cfg, binding.parts, span, binding.kernels),
+            functools.partial(stage_step, cfg, binding.parts, span, binding.kernels, scoring),
             donate_argnums=(1,),
-            out_shardings=(rep, kv_sh, rows_sh),
+            out_shardings=(out_sh, kv_sh, rows_sh),
         )
         write_fn = jax.jit(write_slots, donate_argnums=(0,), out_shardings=gdn_sh)
         for b, t in shapes:
-            key = binding._key(s, (b, t))
+            key = binding._key(s, (b, t), scoring)
             if key in _programs:
                 continue
             ints = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32, sharding=rep)
             x = ints((b, t)) if span.first else jax.ShapeDtypeStruct(
                 (b, t, cfg.hidden_size), binding.dtype, sharding=rep
             )
+            extra = () if scoring is None else (ints((b, t)),)  # the targets
             step = step_fn.lower(
                 stage_params(params, span), kv, gdn, x,
-                ints((b, t)), ints((b, binding.table_width)), ints((b,)),
+                ints((b, t)), ints((b, binding.table_width)), ints((b,)), *extra,
             ).compile()  # fmt: skip
             rows = tuple(
                 GDNState(*(

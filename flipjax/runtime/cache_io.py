@@ -88,6 +88,14 @@ def copy_slot(state: CacheState, src: int, dst: int) -> CacheState:
     return CacheState(kv=state.kv, gdn=gdn)
 
 
+def copy_page(state: CacheState, src: int, dst: int) -> CacheState:
+    """Copy KV page `src` into page `dst` on the device, in every layer (a forked choice's own
+    copy of its parent's last, partly filled page)."""
+    i, j = np.asarray(src, np.int32), np.asarray(dst, np.int32)
+    kv = tuple(KVPages(_copy_row(p.k, i, j), _copy_row(p.v, i, j)) for p in state.kv)
+    return CacheState(kv=kv, gdn=state.gdn)
+
+
 def warm(state: CacheState, max_pages: int) -> CacheState:
     """Compile every read, write and copy program the prefix cache and the store can use,
     changing nothing: reads are discarded and writes only target the dropped out-of-range id."""
@@ -104,4 +112,6 @@ def warm(state: CacheState, max_pages: int) -> CacheState:
     rec, conv = read_slot(state, 0)
     num_slots = state.gdn[0].recurrent.shape[0] if state.gdn else 0
     state = copy_slot(state, 0, num_slots)
+    num_pages = state.kv[0].k.shape[0] if state.kv else 0
+    state = copy_page(state, 0, num_pages)
     return write_slot(state, num_slots, rec, conv)

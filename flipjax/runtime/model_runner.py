@@ -14,6 +14,7 @@ engines over the same model and placement share them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,13 +27,8 @@ from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.placement import Placement, single_device
-from flipjax.runtime.sampling import (
-    SamplerOutputs,
-    SamplerRow,
-    SamplingParams,
-    build_inputs,
-    sample,
-)
+from flipjax.runtime.sampler import SamplerOutputs, SamplerRow, build_inputs, sample
+from flipjax.runtime.sampling import SamplingParams
 from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch
 
@@ -43,6 +39,7 @@ class Row:
     start: int  # position of tokens[0]
     pages: list[int]
     slot: int
+    targets: list[int] | None = None  # the token after each of `tokens`, to score (prefill)
 
 
 class ModelRunner:
@@ -93,10 +90,12 @@ class ModelRunner:
         """Every step shape serving uses: the decode and the prefill buckets."""
         return [(b, 1) for b in self.decode_buckets] + [(1, t) for t in self.prefill_buckets]
 
-    def run(self, rows: list[Row], decode: bool) -> jax.Array:
+    def run(self, rows: list[Row], decode: bool, score: int | None = None) -> Any:
         """Feed each row's tokens; returns logits at each row's last token, [B_bucket, vocab].
 
         Decode takes any number of rows with one token each; prefill takes exactly one row.
+        With `score` (top alternatives, a power of two or 0), a prefill row also gets the
+        logprobs of its `targets`: (logits, `Scores`).
         """
         if decode:
             b, t = pow2_bucket(len(rows)), 1
@@ -108,16 +107,21 @@ class ModelRunner:
         positions = np.full((b, t), -1, np.int32)
         page_table = np.zeros((b, self.table_width), np.int32)
         slot_ids = np.full((b,), self.num_slots, np.int32)  # out of range: padding row
+        targets = np.full((b, t), -1, np.int32) if score is not None else None
         for i, r in enumerate(rows):
             n = len(r.tokens)
             tokens[i, :n] = r.tokens
             positions[i, :n] = np.arange(r.start, r.start + n)
             page_table[i, : len(r.pages)] = r.pages
             slot_ids[i] = r.slot
+            if targets is not None and r.targets is not None:
+                targets[i, : len(r.targets)] = r.targets
+        if score is not None:
+            return self.binding.run(tokens, positions, page_table, slot_ids, targets, score)
         return self._run(tokens, positions, page_table, slot_ids)
 
     def sample(self, logits: jax.Array, rows: list[SamplerRow | None]) -> SamplerOutputs:
-        inputs, flags = build_inputs(rows, logits.shape[0])
+        inputs, flags = build_inputs(rows, *logits.shape)
         with self.compiles.watch():
             out = sample(logits, inputs, **flags)
         return jax.device_get(out)

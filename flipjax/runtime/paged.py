@@ -43,11 +43,20 @@ class PagedKV(NamedTuple):
         return out, PagedKV(k_pages, v_pages, self.page_table)
 
 
+class Scores(NamedTuple):
+    """Prompt logprobs of a scoring step: at each position, of the token that follows it."""
+
+    chosen: jax.Array  # [B, T] f32, log p(targets[b, t] | tokens up to t)
+    top_logprobs: jax.Array  # [B, T, k] f32
+    top_ids: jax.Array  # [B, T, k] i32
+
+
 def stage_step(
     cfg: ModelConfig,
     parts: ModelParts,
     span: StageSpan,
     kernels: str,
+    score: int | None,
     params: StageParams,
     kv: tuple[KVPages, ...],
     gdn: tuple[GDNSlots, ...],
@@ -55,13 +64,16 @@ def stage_step(
     positions: jax.Array,
     page_table: jax.Array,
     slot_ids: jax.Array,
-) -> tuple[jax.Array, tuple[KVPages, ...], tuple[GDNState, ...]]:
+    targets: jax.Array | None = None,
+) -> tuple[Any, tuple[KVPages, ...], tuple[GDNState, ...]]:
     """One stage of a step. x: tokens [B, T] (first stage) or hidden [B, T, hidden];
     positions: [B, T]; page_table: [B, M]; slot_ids: [B]; kv and gdn: this stage's pools.
 
     Returns the stage's output (hidden, or on the last stage float32 logits at each row's last
     real token, [B, vocab]), its updated KV pages, and each of its GDN layers' new per-row
     state ([B, ...]) for `write_slots`. `kernels` is the kernel dispatch mode it is traced in.
+    With `score` (a number of top alternatives) the last stage also returns the `Scores` of
+    `targets` [B, T], the token after each position: (logits, scores).
     """
     fresh = (positions[:, 0] == 0)[:, None, None, None]
     caches: list[Any] = []
@@ -80,8 +92,13 @@ def stage_step(
                     conv=jnp.where(fresh[..., 0], jnp.zeros_like(conv), conv),
                 )
             )
+    scoring = score is not None and span.last
     with dispatch.kernels(kernels):
-        out, new_caches = stage_forward(parts, span, params, x, positions, tuple(caches))
+        out, new_caches = stage_forward(
+            parts, span, params, x, positions, tuple(caches), every_position=scoring
+        )
+    if scoring:
+        out = _scored(out, positions, targets, score)
     new_kv, rows = [], []
     for i, new in zip(span.layers, new_caches, strict=True):
         if cfg.layer_types[i] == FULL_ATTENTION:
@@ -89,6 +106,19 @@ def stage_step(
         else:
             rows.append(new)
     return out, tuple(new_kv), tuple(rows)
+
+
+def _scored(
+    logits: jax.Array, positions: jax.Array, targets: jax.Array, k: int
+) -> tuple[jax.Array, Scores]:
+    """[B, T, V] logits -> the last real token's logits [B, V] and the log-softmax scores."""
+    last = jnp.maximum(jnp.sum(positions >= 0, axis=1) - 1, 0)
+    final = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(logprobs, jnp.maximum(targets, 0)[..., None], axis=-1)[..., 0]
+    none = (logprobs[..., :0], jnp.zeros((*targets.shape, 0), jnp.int32))
+    top_lp, top_ids = jax.lax.top_k(logprobs, k) if k else none
+    return final, Scores(chosen, top_lp, top_ids.astype(jnp.int32))
 
 
 def write_slots(

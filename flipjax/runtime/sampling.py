@@ -1,24 +1,15 @@
-"""Sampling: `SamplingParams` (validated on the host) and the batched sampler (on the device).
+"""`SamplingParams`: what a request asks of the sampler, validated on the host.
 
-Order: penalties, then temperature, then top-k, top-p and min-p (HF's warper order), then a
-draw. Temperature 0 is greedy. Each row draws with its own key, `fold_in(key(seed), step)`
-where step is the number of tokens that request has generated, so a seeded request gives the
-same tokens whatever else shares its batch, and after a retraction too. Returned logprobs are
-of the model's own distribution (before penalties and filters).
+`BOUNDS` is the one set of numeric limits: `SamplingParams` checks them and the HTTP request
+models declare them, so the server and the engine never disagree about a range. The sampler
+that applies these parameters on the device is `flipjax.runtime.sampler`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from flipjax.runtime.buckets import pow2_bucket
+from dataclasses import dataclass
+from typing import Any
 
 MAX_LOGPROBS = 20
 DEFAULT_MAX_TOKENS = 16  # when a request names no max_tokens, as in the OpenAI API
@@ -39,11 +30,19 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top alternatives; 0 = only the chosen token
+    min_tokens: int = 0  # EOS, stop token ids and stop strings are held back until then
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added logit), sorted by id
+    # Logprobs of every prompt token (the first has none) with this many top alternatives;
+    # such a request computes its whole prompt and may ask for max_tokens=0 (scoring only).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
-        # Accept lists from callers but keep the dataclass hashable.
+        # Accept lists and dicts from callers but keep the dataclass hashable.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias
+        pairs = bias.items() if isinstance(bias, dict) else bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(k), float(v)) for k, v in pairs)))
         _validate(self)
 
     @classmethod
@@ -108,7 +107,7 @@ class Bound:
 
 # The one set of limits: SamplingParams checks them, and the HTTP request models declare them.
 BOUNDS: dict[str, Bound] = {
-    "max_tokens": Bound(0, low_open=True),
+    "max_tokens": Bound(0),  # 0 only with prompt logprobs (a scoring request)
     "temperature": Bound(0.0, 2.0),
     "top_k": Bound(-1),  # -1 or 0: no limit
     "top_p": Bound(0.0, 1.0, low_open=True),
@@ -117,7 +116,10 @@ BOUNDS: dict[str, Bound] = {
     "presence_penalty": Bound(-2.0, 2.0),
     "frequency_penalty": Bound(-2.0, 2.0),
     "logprobs": Bound(0, MAX_LOGPROBS),
+    "prompt_logprobs": Bound(0, MAX_LOGPROBS),
+    "min_tokens": Bound(0),
 }
+LOGIT_BIAS = Bound(-100.0, 100.0)
 
 
 def _validate(p: SamplingParams) -> None:
@@ -127,159 +129,12 @@ def _validate(p: SamplingParams) -> None:
             raise ValueError(f"{name}: {bound.describe()}, got {value!r}")
     if any(not s for s in p.stop):
         raise ValueError(f"stop: stop strings must be non-empty, got {p.stop!r}")
+    if p.max_tokens == 0 and p.prompt_logprobs is None:
+        raise ValueError("max_tokens: 0 generates nothing; it is only allowed with prompt logprobs")
+    for token, value in p.logit_bias:
+        if token < 0 or not LOGIT_BIAS.allows(value):
+            raise ValueError(
+                f"logit_bias: token {token} -> {value} ({LOGIT_BIAS.describe()}, ids >= 0)"
+            )
 
 
-class SamplerInputs(NamedTuple):
-    """Per-row arrays for one sampling call; B rows, padded rows are greedy and ignored."""
-
-    temperature: jax.Array  # [B] f32
-    top_k: jax.Array  # [B] i32, 0 = no limit
-    top_p: jax.Array  # [B] f32
-    min_p: jax.Array  # [B] f32
-    repetition_penalty: jax.Array  # [B] f32
-    presence_penalty: jax.Array  # [B] f32
-    frequency_penalty: jax.Array  # [B] f32
-    seed: jax.Array  # [B] u32
-    step: jax.Array  # [B] i32, tokens generated so far
-    prompt_ids: jax.Array  # [B, Lp] i32, -1 padded (only read with penalties)
-    output_ids: jax.Array  # [B, Lo] i32, -1 padded (only read with penalties)
-
-
-class SamplerOutputs(NamedTuple):
-    tokens: jax.Array  # [B] i32
-    logprob: jax.Array  # [B] f32, of the chosen token
-    top_ids: jax.Array  # [B, n] i32
-    top_logprobs: jax.Array  # [B, n] f32
-
-
-@dataclass
-class SamplerRow:
-    params: SamplingParams
-    seed: int
-    prompt_ids: list[int] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)
-
-
-def build_inputs(rows: list[SamplerRow | None], batch: int) -> tuple[SamplerInputs, dict]:
-    """Pack rows (None = padding) into device arrays plus the static flags the sampler needs."""
-    greedy = SamplingParams.greedy()
-    params = [r.params if r is not None else greedy for r in rows] + [greedy] * (batch - len(rows))
-    penalties = any(p.uses_penalties for p in params)
-    lp = pow2_bucket(max((len(r.prompt_ids) for r in rows if r), default=1), 16) if penalties else 1
-    lo = pow2_bucket(max((len(r.output_ids) for r in rows if r), default=1), 16) if penalties else 1
-    prompt = np.full((batch, lp), -1, np.int32)
-    output = np.full((batch, lo), -1, np.int32)
-    seeds = np.zeros(batch, np.uint32)
-    steps = np.zeros(batch, np.int32)
-    for i, r in enumerate(rows):
-        if r is None:
-            continue
-        seeds[i] = r.seed & 0xFFFFFFFF
-        steps[i] = len(r.output_ids)
-        if penalties:
-            prompt[i, : len(r.prompt_ids)] = r.prompt_ids
-            output[i, : len(r.output_ids)] = r.output_ids
-
-    def col(name: str, dtype: type) -> jax.Array:
-        return jnp.asarray(np.array([getattr(p, name) for p in params], dtype))
-
-    inputs = SamplerInputs(
-        temperature=col("temperature", np.float32),
-        top_k=jnp.asarray(np.array([max(p.top_k, 0) for p in params], np.int32)),
-        top_p=col("top_p", np.float32),
-        min_p=col("min_p", np.float32),
-        repetition_penalty=col("repetition_penalty", np.float32),
-        presence_penalty=col("presence_penalty", np.float32),
-        frequency_penalty=col("frequency_penalty", np.float32),
-        seed=jnp.asarray(seeds),
-        step=jnp.asarray(steps),
-        prompt_ids=jnp.asarray(prompt),
-        output_ids=jnp.asarray(output),
-    )
-    num_logprobs = max((p.logprobs or 0 for p in params), default=0)
-    flags = dict(
-        use_penalties=penalties,
-        use_filters=any(p.uses_filters for p in params),
-        use_random=any(p.temperature > 0 for p in params),
-        want_logprobs=any(p.logprobs is not None for p in params),
-        num_logprobs=pow2_bucket(num_logprobs) if num_logprobs else 0,
-    )
-    return inputs, flags
-
-
-def _counts(ids: jax.Array, vocab: int) -> jax.Array:
-    rows = jnp.arange(ids.shape[0])[:, None]
-    idx = jnp.where(ids >= 0, ids, vocab)
-    return jnp.zeros((ids.shape[0], vocab), jnp.int32).at[rows, idx].add(1, mode="drop")
-
-
-def _apply_penalties(logits: jax.Array, s: SamplerInputs) -> jax.Array:
-    vocab = logits.shape[-1]
-    out_counts = _counts(s.output_ids, vocab)
-    seen = (out_counts + _counts(s.prompt_ids, vocab)) > 0
-    rep = s.repetition_penalty[:, None]
-    logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
-    logits = logits - s.frequency_penalty[:, None] * out_counts
-    return logits - s.presence_penalty[:, None] * (out_counts > 0)
-
-
-def _apply_filters(logits: jax.Array, s: SamplerInputs) -> jax.Array:
-    """Top-k, then top-p over what top-k kept (renormalised), then min-p, as HF's warpers do."""
-    vocab = logits.shape[-1]
-    sorted_logits = -jnp.sort(-logits, axis=-1)  # descending
-    rank = jnp.arange(vocab)[None, :]
-    keep = rank < jnp.where(s.top_k > 0, s.top_k, vocab)[:, None]
-    probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
-    mass_above = jnp.cumsum(probs, axis=-1) - probs
-    keep &= mass_above < s.top_p[:, None]
-    # p_i >= min_p * p_max  <=>  l_i - l_max >= log(min_p); independent of normalisation.
-    keep &= sorted_logits - sorted_logits[:, :1] >= jnp.log(s.min_p)[:, None]
-    keep = keep.at[:, 0].set(True)
-    # The smallest kept logit is the row's cutoff; ties at the cutoff are kept.
-    cutoff = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits >= cutoff, logits, -jnp.inf)
-
-
-_STATIC = ("use_penalties", "use_filters", "use_random", "want_logprobs", "num_logprobs")
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC)
-def sample(
-    logits: jax.Array,
-    s: SamplerInputs,
-    *,
-    use_penalties: bool,
-    use_filters: bool,
-    use_random: bool,
-    want_logprobs: bool,
-    num_logprobs: int,
-) -> SamplerOutputs:
-    """logits: [B, V] float32 -> one token per row, with logprobs when asked.
-
-    The static flags drop whole stages no row needs: an all-greedy batch draws no random
-    numbers, and no row asking for logprobs skips the log-softmax over the vocabulary.
-    """
-    b = logits.shape[0]
-    logits = logits.astype(jnp.float32)
-    raw = logits
-    if use_penalties:
-        logits = _apply_penalties(logits, s)
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    if use_random:
-        scaled = logits / jnp.maximum(s.temperature, 1e-6)[:, None]
-        if use_filters:
-            scaled = _apply_filters(scaled, s)
-        keys = jax.vmap(lambda seed, step: jax.random.fold_in(jax.random.key(seed), step))(
-            s.seed, s.step
-        )
-        drawn = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
-        tokens = jnp.where(s.temperature > 0, drawn, tokens)
-    chosen = jnp.zeros((b,), jnp.float32)
-    top_lp = jnp.zeros((b, 0), jnp.float32)
-    top_ids = jnp.zeros((b, 0), jnp.int32)
-    if want_logprobs:
-        model_logprobs = jax.nn.log_softmax(raw, axis=-1)
-        chosen = jnp.take_along_axis(model_logprobs, tokens[:, None], axis=-1)[:, 0]
-        if num_logprobs:
-            top_lp, top_ids = jax.lax.top_k(model_logprobs, num_logprobs)
-    return SamplerOutputs(tokens, chosen, top_ids.astype(jnp.int32), top_lp)

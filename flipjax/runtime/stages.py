@@ -95,11 +95,13 @@ def stage_forward(
     x: jax.Array,
     positions: jax.Array,
     caches: tuple[Any, ...],
+    every_position: bool = False,
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     """x: tokens [B, T] on the first stage, hidden [B, T, hidden] otherwise.
 
     Returns the hidden state for the next stage or, on the last stage, float32 logits at each
-    row's last real token ([B, vocab]); and the stage's new caches (one per layer).
+    row's last real token ([B, vocab]; with `every_position`, at every token, [B, T, vocab]);
+    and the stage's new caches (one per layer).
     """
     h = nnx.merge(parts.embed, params["embed"])(x) if span.first else x
     new_caches = []
@@ -109,10 +111,11 @@ def stage_forward(
     if not span.last:
         return h, tuple(new_caches)
     h = nnx.merge(parts.norm, params["norm"])(h)
-    last = jnp.maximum(jnp.sum(positions >= 0, axis=1) - 1, 0)
-    h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+    if not every_position:
+        last = jnp.maximum(jnp.sum(positions >= 0, axis=1) - 1, 0)
+        h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
     if parts.head is None:
-        logits = jnp.einsum("bh,vh->bv", h, params["embed"]["weight"][...])
+        logits = jnp.einsum("...h,vh->...v", h, params["embed"]["weight"][...])
     else:
         logits = nnx.merge(parts.head, params["head"])(h)
     return logits.astype(jnp.float32), tuple(new_caches)

@@ -1,40 +1,36 @@
-"""Bodies of the text routes: OpenAI completions and chat, and flipjax's token-level route."""
+"""Bodies of `POST /v1/completions` and flipjax's token-level `POST /generate`."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
-from flipjax.runtime.sampling import BOUNDS, SamplingParams
-from serve.protocol.sampling import SamplingFields, Strict
+from flipjax.runtime.sampling import BOUNDS
+from serve.protocol.sampling import SamplingFields
+
+Prompt = str | list[str] | list[int] | list[list[int]]
 
 
 class CompletionRequest(SamplingFields):
-    model: str
-    prompt: str | list[int]
+    model: str | None = None
+    prompt: Prompt
+    max_tokens: int | None = Field(default=16, **BOUNDS["max_tokens"].constraints())
+    echo: bool = False  # the prompt comes back before the completion, with its logprobs
+    logprobs: int | None = Field(default=None, **BOUNDS["logprobs"].constraints())
+    prompt_logprobs: int | None = Field(default=None, **BOUNDS["prompt_logprobs"].constraints())
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None  # refused by name: there is no fill-in-the-middle model
     session_id: str | None = Field(default=None, min_length=1)  # append this turn to it
 
-
-class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class ChatRequest(SamplingFields):
-    model: str
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, **BOUNDS["max_tokens"].constraints())
-    session_id: str | None = Field(default=None, min_length=1)  # append this turn to it
-
-    def sampling_params(self) -> SamplingParams:
-        params = super().sampling_params()
-        if self.max_completion_tokens is not None:
-            params = params.replace(max_tokens=self.max_completion_tokens)
-        return params
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: a string or a list of token ids."""
+        p = self.prompt
+        if isinstance(p, str) or (p and all(isinstance(t, int) for t in p)):
+            return [p]
+        return list(p)
 
 
 class GenerateRequest(SamplingFields):
     """flipjax's token-level route: ids in, ids out."""
 
     input_ids: list[int] = Field(min_length=1)
+    max_tokens: int | None = Field(default=16, **BOUNDS["max_tokens"].constraints())

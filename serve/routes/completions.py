@@ -1,20 +1,27 @@
-"""The generating routes: `POST /v1/completions`, `POST /v1/chat/completions` (the checkpoint's
-chat template) and flipjax's token-level `POST /generate`."""
+"""`POST /v1/completions` and flipjax's token-level `POST /generate`.
+
+A completion takes one prompt or several (strings or token ids), `n` choices each, sharing
+their prompt's prefill; `best_of` samples that many and keeps the `n` with the highest
+cumulative logprob, as vLLM does. `echo` returns the prompt first, with `max_tokens: 0` only
+the prompt and its logprobs (how lm-eval scores multiple-choice tasks).
+"""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from flipjax.engine.engine import Output
+from flipjax.engine.engine import Engine, Output
 from serve.auth import State, require_api_key
 from serve.errors import bad_request
-from serve.protocol.completions import ChatRequest, CompletionRequest, GenerateRequest
-from serve.responses import chat_completion, text_completion, usage
-from serve.submission import respond, submit
+from serve.protocol.completions import CompletionRequest, GenerateRequest
+from serve.render_completion import CompletionRenderer
+from serve.streaming import sse
+from serve.structured import grammar_for
+from serve.submission import Submitted, collect, submit
 
 router = APIRouter(dependencies=[Depends(require_api_key)], tags=["inference"])
 
@@ -22,33 +29,62 @@ router = APIRouter(dependencies=[Depends(require_api_key)], tags=["inference"])
 @router.post("/v1/completions", response_model=None)
 async def completions(req: CompletionRequest, state: State) -> Response:
     state.check_model(req.model)
-    params = req.sampling_params()
-    submitted = await submit(
-        state, lambda e: e.add_request(req.prompt, params, session_id=req.session_id)
+    if req.suffix is not None:
+        raise bad_request("suffix: flipjax serves no fill-in-the-middle model", "suffix")
+    prompts = req.prompts()
+    if not prompts:
+        raise bad_request("prompt: is empty", "prompt")
+    best_of = req.best_of or req.n
+    if best_of < req.n:
+        raise bad_request(f"best_of: {best_of} is below n {req.n}", "best_of")
+    if req.stream and best_of > req.n:
+        raise bad_request("best_of: cannot stream when best_of exceeds n", "best_of")
+    k, ranked = req.logprobs, best_of > req.n
+    scored = req.echo and (k is not None or req.max_tokens == 0)
+    params = req.sampling_params(
+        logprobs=k if k is not None else (0 if ranked else None),
+        prompt_logprobs=req.prompt_logprobs if not scored else (k or 0),
     )
-    chunk, body = text_completion(f"cmpl-{submitted[0]}", state.engine.name)
-    return await respond(state, submitted, params, req.stream, chunk, body)
+    grammar = await grammar_for(state, req)
+
+    def start(prompt: str | list[int]) -> Callable[[Engine], str]:
+        return lambda e: e.add_request(
+            prompt, params, session_id=req.session_id, n=best_of,
+            grammar=grammar() if grammar is not None else None,
+        )  # fmt: skip
+
+    submitted = await submit(state, [start(p) for p in prompts])
+    tokenizer = state.engine.tokenizer
+    echo = [_echoed(tokenizer, p) for p in prompts] if req.echo else None
+    cid = f"cmpl-{submitted.choices[0].request_id}"
+    renderer = CompletionRenderer(cid, state.model_name, tokenizer, k, echo)
+    if req.stream:
+        events = sse(state, submitted, renderer, list(params.stop), req.stream_options)
+        return StreamingResponse(events, media_type="text/event-stream")
+    outputs = await collect(state, submitted)
+    if ranked:
+        submitted, outputs = _best(submitted, outputs, req.n)
+    return JSONResponse(renderer.body(submitted, outputs))
 
 
-@router.post("/v1/chat/completions", response_model=None)
-async def chat_completions(req: ChatRequest, state: State) -> Response:
-    state.check_model(req.model)
-    messages = [m.model_dump() for m in req.messages]
-    if req.session_id is not None:  # the session's conversation so far comes first
-        session = await asyncio.to_thread(
-            state.loop.call, lambda e: e.sessions.get(req.session_id)
-        )
-        messages = [*(session.chat or []), *messages] if session is not None else messages
-    try:
-        prompt = state.template.render(messages)
-    except Exception as e:  # noqa: BLE001 - a template error is the request's problem
-        raise bad_request(f"messages: the chat template failed: {e}", "messages") from None
-    params = req.sampling_params()
-    submitted = await submit(
-        state, lambda e: e.add_request(prompt, params, session_id=req.session_id, chat=messages)
-    )
-    chunk, body = chat_completion(f"chatcmpl-{submitted[0]}", state.engine.name)
-    return await respond(state, submitted, params, req.stream, chunk, body)
+def _echoed(tokenizer: Any, prompt: str | list[int]) -> tuple[str, list[int]]:
+    if isinstance(prompt, str):
+        return prompt, tokenizer.encode(prompt)
+    return tokenizer.decode(prompt), list(prompt)
+
+
+def _best(submitted: Submitted, outputs: list[Output], n: int) -> tuple[Submitted, list[Output]]:
+    """Each prompt's `n` choices with the highest cumulative logprob, renumbered."""
+    kept: list[tuple[Any, Output]] = []
+    for prompt in sorted({c.prompt for c in submitted.choices}):
+        pairs = [(c, o) for c, o in zip(submitted.choices, outputs, strict=True)
+                 if c.prompt == prompt]  # fmt: skip
+        pairs.sort(key=lambda p: -sum(lp.logprob for lp in p[1].logprobs or []))
+        kept += pairs[:n]
+    choices = [
+        type(c)(i, c.request_id, c.prompt, c.prompt_tokens) for i, (c, _) in enumerate(kept)
+    ]
+    return Submitted(choices, submitted.updates), [o for _, o in kept]
 
 
 @router.post("/generate", response_model=None)
@@ -56,10 +92,10 @@ async def generate(req: GenerateRequest, state: State) -> Response:
     if req.stream:
         raise bad_request("stream: /generate answers once; use /v1/completions", "stream")
     params = req.sampling_params()
-    submitted = await submit(state, lambda e: e.add_request(req.input_ids, params))
+    submitted = await submit(state, [lambda e: e.add_request(req.input_ids, params)])
+    out = (await collect(state, submitted))[0]
+    return JSONResponse({
+        "request_id": out.request_id, "output_ids": out.token_ids, "text": out.text,
+        "finish_reason": out.finish_reason, "usage": submitted.final_usage([out]),
+    })  # fmt: skip
 
-    def body(out: Output) -> dict[str, Any]:
-        return {"request_id": out.request_id, "output_ids": out.token_ids, "text": out.text,
-                "finish_reason": out.finish_reason, "usage": usage(out)}  # fmt: skip
-
-    return await respond(state, submitted, params, False, lambda *a: {}, body)

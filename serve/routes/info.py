@@ -1,17 +1,27 @@
-"""`GET /health`, `GET /v1/models` (guarded like inference) and `GET /metrics` (Prometheus)."""
+"""Routes about the server and its model: `GET /health`, `GET /version`, `GET /metrics`
+(Prometheus), and, guarded like inference, `GET /v1/models` (every served name),
+`POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info` (vLLM's shapes; lm-eval reads
+them to tokenize through the server)."""
 
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import version
 from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 
 from flipjax.model.tiny import TINY_DESCRIPTION, TINY_NAME
+from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer
 from serve.auth import State, require_api_key
+from serve.errors import bad_request
+from serve.protocol.sampling import UNKNOWN_FIELDS
+from serve.protocol.tokens import DetokenizeRequest, TokenizeRequest
+from serve.state import ServerState
 
 router = APIRouter(tags=["info"])
+guarded = APIRouter(dependencies=[Depends(require_api_key)], tags=["info"])
 
 
 @router.get("/health")
@@ -19,19 +29,90 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/v1/models", dependencies=[Depends(require_api_key)])
-async def models(state: State) -> dict[str, Any]:
-    engine = state.engine
-    card: dict[str, Any] = {
-        "id": engine.name, "object": "model", "created": state.created, "owned_by": "flipjax",
-        "max_model_len": engine.max_model_len,
-    }  # fmt: skip
-    if engine.name == TINY_NAME:
-        card["description"] = TINY_DESCRIPTION
-    return {"object": "list", "data": [card]}
+@router.get("/version")
+async def server_version() -> dict[str, str]:
+    return {"version": version("flipjax")}
 
 
 @router.get("/metrics")
 async def prometheus(state: State) -> Response:
     await asyncio.to_thread(state.loop.call, state.metrics.read_engine)
+    grammars = state.grammars.counters if state.grammars is not None else {}
+    state.metrics.read_server(UNKNOWN_FIELDS, grammars)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@guarded.get("/v1/models")
+async def models(state: State) -> dict[str, Any]:
+    engine = state.engine
+    cards = []
+    for name in state.served_names:
+        card: dict[str, Any] = {
+            "id": name, "object": "model", "created": state.created, "owned_by": "flipjax",
+            "root": engine.name, "max_model_len": engine.max_model_len,
+        }  # fmt: skip
+        if engine.name == TINY_NAME:
+            card["description"] = TINY_DESCRIPTION
+        cards.append(card)
+    return {"object": "list", "data": cards}
+
+
+@guarded.post("/tokenize")
+async def tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
+    state.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("prompt: give exactly one of prompt and messages", "prompt")
+    text = req.prompt
+    if req.messages is not None:
+        messages = [m.for_template() for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
+        try:
+            text = state.template.render(
+                messages, tools, req.add_generation_prompt, req.continue_final_message,
+                **(req.chat_template_kwargs or {}),
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - a template error is the request's problem
+            raise bad_request(f"messages: the chat template failed: {e}", "messages") from None
+    tokenizer = state.engine.tokenizer
+    try:
+        tokens = tokenizer.encode(text or "")
+    except ValueError as err:
+        raise bad_request(str(err), "prompt") from None
+    out: dict[str, Any] = {
+        "count": len(tokens), "max_model_len": state.engine.max_model_len, "tokens": tokens,
+    }  # fmt: skip
+    if req.return_token_strs:
+        out["token_strs"] = [tokenizer.decode([t]) for t in tokens]
+    return out
+
+
+@guarded.post("/detokenize")
+async def detokenize(req: DetokenizeRequest, state: State) -> dict[str, str]:
+    state.check_model(req.model)
+    vocab = state.engine.config.vocab_size
+    bad = [t for t in req.tokens if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"tokens: ids {bad[:8]} are outside the vocabulary [0, {vocab})",
+                          "tokens")  # fmt: skip
+    return {"prompt": state.engine.tokenizer.decode(req.tokens)}
+
+
+@guarded.get("/tokenizer_info")
+async def tokenizer_info(state: State) -> dict[str, Any]:
+    return {
+        "tokenizer_class": type(state.engine.tokenizer).__name__,
+        "eos_token": _eos_text(state), "bos_token": None, "pad_token": None,
+        "chat_template": state.template.source, "model_max_length": state.engine.max_model_len,
+    }  # fmt: skip
+
+
+def _eos_text(state: ServerState) -> str | None:
+    tokenizer = state.engine.tokenizer
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        return None
+    if isinstance(tokenizer, ByteTokenizer):
+        return ByteTokenizer.SPECIALS[eos - 256]
+    if isinstance(tokenizer, CheckpointTokenizer):
+        return tokenizer.backend.id_to_token(eos)
+    return None

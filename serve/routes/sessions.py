@@ -13,23 +13,27 @@ at a step boundary by construction. Refusals are 400s naming the field; unknown 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from flipjax.engine.engine import Engine
 from flipjax.runtime.sampling import SamplingParams
 from serve.auth import State, require_api_key
 from serve.protocol.sessions import BranchRequest, CheckpointRequest, RewindRequest
-from serve.responses import text_completion
-from serve.submission import on_loop, respond, submit
+from serve.render_completion import CompletionRenderer
+from serve.streaming import sse
+from serve.submission import collect, on_loop, submit
 
 router = APIRouter(dependencies=[Depends(require_api_key)], tags=["sessions"])
 
-# Fields of a branch request that are not sampling choices: leaving every other one out keeps
-# the checkpoint's own sampling parameters and RNG state.
-_NOT_SAMPLING = {"checkpoint_id", "model", "prompt", "session_id", "max_tokens", "stream", "user"}
+# The sampling choices a branch may override: leaving all of them out keeps the checkpoint's
+# own sampling parameters and RNG state.
+_SAMPLING = {f.name for f in dataclasses.fields(SamplingParams)} - {
+    "max_tokens", "logprobs", "prompt_logprobs",
+}  # fmt: skip
 
 
 @router.post("/session_checkpoint")
@@ -46,7 +50,7 @@ async def checkpoint(req: CheckpointRequest, state: State) -> dict[str, Any]:
 async def branch(req: BranchRequest, state: State) -> Response:
     state.check_model(req.model)
     params: SamplingParams | None = None
-    if req.model_fields_set - _NOT_SAMPLING:
+    if req.model_fields_set & _SAMPLING:
         params = req.sampling_params()
     used: list[SamplingParams] = []  # the branch's parameters, for the stream's stops
 
@@ -55,12 +59,16 @@ async def branch(req: BranchRequest, state: State) -> Response:
             req.checkpoint_id, params, req.max_tokens, session_id=req.session_id,
             prompt=req.prompt,
         )  # fmt: skip
-        used.append(e.sampling(rid))
+        used.append(e.requests[rid].params)
         return rid
 
-    submitted = await submit(state, start)
-    chunk, body = text_completion(f"cmpl-{submitted[0]}", state.engine.name)
-    return await respond(state, submitted, used[0], req.stream, chunk, body)
+    submitted = await submit(state, [start])
+    cid = f"cmpl-{submitted.choices[0].request_id}"
+    renderer = CompletionRenderer(cid, state.model_name, state.engine.tokenizer, None, None)
+    if req.stream:
+        events = sse(state, submitted, renderer, list(used[0].stop), req.stream_options)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return JSONResponse(renderer.body(submitted, await collect(state, submitted)))
 
 
 @router.post("/session_rewind")

@@ -1,0 +1,98 @@
+"""`python -m flipjax.bench requests`: what two request features cost, each against its peer.
+
+On the engine benchmark's reference model (133M parameters, fp32, random weights, vocabulary
+32000) with a byte-level tokenizer:
+- structured output: decode steps at batch 8 and 32 with every row under a grammar, against
+  the same batch with none (the peer), and the host time to fill one row's bitmask;
+- parallel choices: one request with `n` choices against `n` separate requests of the same
+  prompt and seeds (the peer): prompt tokens computed, and the wall time to the last token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax.numpy as jnp
+from flax import nnx
+
+from flipjax.benchmarks.engine import REFERENCE_CONFIG
+from flipjax.engine.config import EngineConfig
+from flipjax.engine.engine import Engine
+from flipjax.model.config import ModelConfig
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.tokenizer import ByteTokenizer
+from flipjax.runtime.grammar import GrammarCompiler
+from flipjax.runtime.sampling import SamplingParams
+
+
+def _engine(batch: int) -> Engine:
+    cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})
+    model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    ec = EngineConfig(num_pages=4096, max_running_requests=batch, max_prefill_tokens=512)
+    return Engine(model, ByteTokenizer(), "reference", jnp.float32, ec)
+
+
+def _drain(engine: Engine) -> tuple[float, int]:
+    """Seconds until every request finished, and the prompt tokens computed meanwhile."""
+    t0, prefilled = time.perf_counter(), 0
+    while engine.has_unfinished():
+        engine.step()
+        prefilled += engine.last_step.prefill_tokens
+    return time.perf_counter() - t0, prefilled
+
+
+def structured(engine: Engine, batch: int, tokens: int) -> None:
+    grammars = GrammarCompiler(engine.tokenizer, engine.config.vocab_size)
+    compiled = grammars.compile("regex", f"[a-z]{{{tokens + 8}}}")  # never done early
+    params = SamplingParams(temperature=1.0, seed=0, max_tokens=tokens, ignore_eos=True)
+
+    def run(grammar: bool) -> float:
+        for i in range(batch):
+            constraint = grammars.constraint(compiled) if grammar else None
+            engine.add_request([97 + i % 26] * 8, params, grammar=constraint)
+        return _drain(engine)[0]
+
+    timings = {}
+    for label, grammar in (("no grammar", False), ("every row", True)):
+        run(grammar)  # the first pass compiles the sampler's variants
+        timings[label] = run(grammar) / tokens * 1e3
+    fill = grammars.constraint(compiled)
+    t0 = time.perf_counter()
+    for _ in range(200):
+        fill.next_mask()
+    fill_us = (time.perf_counter() - t0) / 200 * 1e6
+    print(f"batch {batch:>2}: step {timings['no grammar']:6.1f} ms without grammar rows, "
+          f"{timings['every row']:6.1f} ms with every row under a grammar "
+          f"({timings['every row'] / timings['no grammar']:.2f}x); one row's mask fill "
+          f"{fill_us:.0f} us")  # fmt: skip
+
+
+def choices(engine: Engine, n: int, prompt_len: int, tokens: int) -> None:
+    prompt = [97 + (i * 7) % 26 for i in range(prompt_len)]
+    params = SamplingParams(temperature=1.0, seed=5, max_tokens=tokens, ignore_eos=True)
+    engine.generate([prompt[:32]], max_new_tokens=2)  # compile outside the timing
+    engine.flush_prefix_cache()
+    engine.add_request(prompt, params, n=n)
+    forked_s, forked_tokens = _drain(engine)
+    engine.flush_prefix_cache()
+    for i in range(n):
+        engine.add_request(prompt, params.replace(seed=5 + i))
+    apart_s, apart_tokens = _drain(engine)
+    print(f"n={n}, {prompt_len}-token prompt, {tokens} tokens each: one request computes "
+          f"{forked_tokens} prompt tokens in {forked_s:.2f} s; {n} requests compute "
+          f"{apart_tokens} in {apart_s:.2f} s ({apart_s / forked_s:.2f}x the time)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flipjax.bench requests", description=__doc__)
+    p.add_argument("--batch-sizes", default="8,32")
+    p.add_argument("--tokens", type=int, default=16)
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    engine = _engine(max(batches))
+    engine.warmup()
+    for batch in batches:
+        structured(engine, batch, args.tokens)
+    choices(engine, 4, 512, args.tokens)
+    engine.check()

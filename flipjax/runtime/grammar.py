@@ -1,0 +1,142 @@
+"""Structured output with xgrammar: grammars compiled once per spec, matchers per request.
+
+`GrammarCompiler` turns a spec (a JSON schema, any JSON object, a regex, a list of choices, an
+EBNF grammar) into an xgrammar `CompiledGrammar` for the model's tokenizer, caching by spec, so
+a schema used by many requests compiles once. Compiling is slow next to a step, so callers run
+it off the engine thread. `GrammarConstraint` is the `TokenConstraint` a request carries: each
+step it fills the bitmask of the tokens the grammar allows next, and it advances past the token
+the sampler chose. Once the grammar is complete only the stop tokens are allowed (for a model
+without one, the grammar's completion ends the request).
+
+xgrammar imports torch, so only the server imports this module; the engine sees the protocol in
+`flipjax.runtime.constraint`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import Counter, OrderedDict
+from typing import Any
+
+import numpy as np
+import xgrammar as xgr
+from transformers import PreTrainedTokenizerFast
+
+from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer, Tokenizer
+from flipjax.runtime.sampler import bitmask_words
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+# A string character in xgrammar's EBNF for minLength/maxLength strings, and in its own
+# unbounded JSON strings (which exclude U+0000..U+001F, as RFC 8259 requires).
+_LOOSE_CHAR = r'[^\"\\\r\n]'
+_JSON_CHAR = r'[^\0-\x1f\"\\\r\n]'
+
+
+def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
+    """The vocabulary as xgrammar sees it: every token id's bytes, and the stop tokens."""
+    stop = None if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    if isinstance(tokenizer, ByteTokenizer):
+        # Byte ids are themselves; special tokens are empty strings, never allowed by a grammar.
+        vocab = [bytes([i]) for i in range(256)] + [b""] * len(ByteTokenizer.SPECIALS)
+        return xgr.TokenizerInfo(
+            vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop
+        )
+    if isinstance(tokenizer, CheckpointTokenizer):
+        fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend)
+        return xgr.TokenizerInfo.from_huggingface(fast, vocab_size=vocab_size, stop_token_ids=stop)
+    raise ValueError("response_format: structured output needs the checkpoint's tokenizer.json")
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, any_whitespace: bool = True,
+                 capacity: int = 256, threads: int = 2):  # fmt: skip
+        self.vocab_size = vocab_size
+        self.any_whitespace = any_whitespace
+        # Without an end-of-sequence token a request ends when its grammar is complete.
+        self.stop_free = tokenizer.eos_token_id is None
+        self.capacity = capacity
+        self._compiler = xgr.GrammarCompiler(
+            tokenizer_info(tokenizer, vocab_size), max_threads=threads
+        )
+        self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.counters: Counter[str] = Counter()  # compiled, hits, refused
+
+    def compile(self, kind: str, spec: Any, field: str = "response_format") -> xgr.CompiledGrammar:
+        """The compiled grammar of `spec`; ValueError naming `field` when it is not valid."""
+        if kind not in KINDS:
+            raise ValueError(f"{field}: unknown structured output kind {kind!r}")
+        key = (kind, json.dumps(spec, sort_keys=True))
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                self.counters["hits"] += 1
+                return self._cache[key]
+        try:
+            compiled = self._compile(kind, spec)
+        except (RuntimeError, ValueError, TypeError) as err:
+            self.counters["refused"] += 1
+            reason = re.sub(r"^\[[^\]]*\] \S+:\d+: ", "", str(err)).strip()  # drop the C++ site
+            raise ValueError(f"{field}: invalid {kind}: {reason}") from None
+        with self._lock:
+            self._cache[key] = compiled
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+            self.counters["compiled"] += 1
+        return compiled
+
+    def _compile(self, kind: str, spec: Any) -> xgr.CompiledGrammar:
+        c = self._compiler
+        if kind == "json":
+            schema = spec if isinstance(spec, str) else json.dumps(spec)
+            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=self.any_whitespace)
+            # xgrammar's length-bounded strings admit raw control characters, which strict
+            # JSON parsers (Python's json.loads among them) refuse; its unbounded strings do not.
+            return c.compile_grammar(str(grammar).replace(_LOOSE_CHAR, _JSON_CHAR))
+        if kind == "json_object":  # OpenAI's JSON mode: any JSON object
+            return self._compile("json", {"type": "object"})
+        if kind == "regex":
+            return c.compile_regex(_text(spec, kind))
+        if kind == "choice":
+            if not isinstance(spec, list) or not spec or not all(isinstance(s, str) for s in spec):
+                raise ValueError("choices must be a non-empty list of strings")
+            return c.compile_grammar("root ::= " + " | ".join(json.dumps(s) for s in spec))
+        if kind == "grammar":
+            return c.compile_grammar(_text(spec, kind))
+        return c.compile_structural_tag(spec if isinstance(spec, str) else json.dumps(spec))
+
+    def constraint(self, compiled: xgr.CompiledGrammar) -> GrammarConstraint:
+        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=self.stop_free)
+        return GrammarConstraint(matcher, self.vocab_size)
+
+
+def _text(spec: Any, kind: str) -> str:
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"a {kind} must be a non-empty string")
+    return spec
+
+
+class GrammarConstraint:
+    """One request's position in its grammar (a `TokenConstraint`)."""
+
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int):
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self._mask = np.zeros((1, bitmask_words(vocab_size)), np.int32)
+
+    def next_mask(self) -> np.ndarray:
+        self.matcher.fill_next_token_bitmask(self._mask)
+        return self._mask[0].copy()
+
+    def accept(self, token: int) -> None:
+        if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
+            raise RuntimeError(f"grammar: token {token} was sampled against the mask")
+
+    def fork(self) -> GrammarConstraint:
+        return GrammarConstraint(self.matcher.fork(), self.vocab_size)
+
+    @property
+    def done(self) -> bool:
+        return self.matcher.is_terminated()
