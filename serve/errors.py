@@ -37,6 +37,22 @@ def error_response(status: int, message: str, param: str | None, kind: str) -> J
     return JSONResponse(status_code=status, content=body)
 
 
+def _field(loc: tuple[object, ...]) -> str | None:
+    """The field a validation error is about: its path, without the body and without the
+    union member pydantic tried (`prompt`, not `prompt.list[int]`)."""
+    parts = []
+    for p in loc:
+        if p == "body":
+            continue
+        if isinstance(p, str) and ("[" in p or p in _TYPE_TAGS):
+            break
+        parts.append(str(p))
+    return ".".join(parts) or None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
@@ -48,6 +64,5 @@ def install_handlers(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return error_response(400, "request body is not valid JSON", None,
                                   "invalid_request_error")  # fmt: skip
-        loc = [str(p) for p in first["loc"] if p != "body"]
-        field = ".".join(loc) or None
+        field = _field(first["loc"])
         return error_response(400, f"{field}: {first['msg']}", field, "invalid_request_error")

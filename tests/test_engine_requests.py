@@ -137,6 +137,17 @@ def test_a_json_schema_holds_for_every_seed(engine, grammars):
         assert isinstance(value["n"], int) and 0 <= value["n"] <= 99
 
 
+def test_grammar_rows_compile_nothing_after_warmup(grammars):
+    engine = Engine.from_pretrained("tiny", max_running_requests=2, max_prefill_tokens=32)
+    engine.warmup()
+    compiled = grammars.compile("regex", "[a-z]{6}")
+    count = engine.compile_count
+    for params in (SamplingParams.greedy(8), SamplingParams(top_p=0.9, seed=1, max_tokens=8)):
+        rid = engine.add_request("x", params, grammar=grammars.constraint(compiled))
+        assert len(run(engine, rid)["outs"][rid].text) == 6
+    assert engine.compile_count == count
+
+
 def test_a_bad_grammar_is_refused_by_name(grammars):
     with pytest.raises(ValueError, match=r"guided_regex: invalid regex"):
         grammars.compile("regex", "(", "guided_regex")

@@ -113,6 +113,16 @@ def test_completion_logprobs_are_the_model_distribution(client, offline):
         assert 3 <= len(top) <= 4 and max(top.values()) == pytest.approx(entry.top[0][1])
 
 
+def test_echo_streams_the_prompt_first_and_chat_takes_n(client):
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3,
+                                            temperature=0, echo=True, stream=True))  # fmt: skip
+    whole = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0)
+    assert "".join(c.choices[0].text for c in chunks) == PROMPT + whole.choices[0].text
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=3, temperature=1, seed=2, n=2)  # fmt: skip
+    assert [c.index for c in chat.choices] == [0, 1] and chat.usage.completion_tokens == 6
+
+
 def test_chat_logprobs_give_token_bytes_and_alternatives(client):
     resp = client.chat.completions.create(
         model="tiny-alias", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
@@ -266,6 +276,15 @@ def test_tool_calls_and_results_go_back_into_the_prompt(server):
     text = httpx.post(f"{server}/detokenize", json={"tokens": r.json()["tokens"]}).json()["prompt"]
     assert '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>' in text
     assert "tool: 3\n" in text and text.endswith("assistant: ") and '"name": "add"' in text
+
+
+def test_continue_final_message_leaves_the_last_turn_open(server):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
+    body = {"messages": messages, "add_generation_prompt": False, "continue_final_message": True}
+    tokens = httpx.post(f"{server}/tokenize", json=body, timeout=30).json()["tokens"]
+    assert bytes(tokens).decode() == "user: hi\nassistant: Sure, "
+    both = {**body, "add_generation_prompt": True}
+    assert httpx.post(f"{server}/tokenize", json=both, timeout=30).status_code == 400
 
 
 def test_tokenize_detokenize_version_and_model_names(server, client):

@@ -94,6 +94,14 @@ def test_chat_template_kwargs_reach_the_template_and_reasoning_is_split(client):
     # The prompt opened <think> and the answer never closed it: all of it is reasoning.
     assert thinking.content is None and thinking.model_extra["reasoning_content"]
     assert plain.content and plain.model_extra["reasoning_content"] is None
+    streamed = ""
+    for chunk in client.chat.completions.create(
+        model="hf", messages=messages, max_tokens=6, temperature=0, stream=True,
+        extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+    ):  # fmt: skip
+        assert not chunk.choices[0].delta.content
+        streamed += chunk.choices[0].delta.model_extra.get("reasoning_content") or ""
+    assert streamed.strip("\n") == thinking.model_extra["reasoning_content"]
 
 
 def test_grammars_build_on_the_checkpoint_tokenizer(client):

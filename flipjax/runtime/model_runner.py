@@ -27,7 +27,13 @@ from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.placement import Placement, single_device
-from flipjax.runtime.sampler import SamplerOutputs, SamplerRow, build_inputs, sample
+from flipjax.runtime.sampler import (
+    SamplerOutputs,
+    SamplerRow,
+    bitmask_words,
+    build_inputs,
+    sample,
+)
 from flipjax.runtime.sampling import SamplingParams
 from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch
@@ -130,7 +136,8 @@ class ModelRunner:
         """Compile every step shape and the plain sampler variants, changing no state.
 
         All-padding inputs (position -1, slot out of range) write nothing, so this is safe at
-        any time. Samplers with penalties or logprobs still compile on first use.
+        any time. The samplers warmed are greedy and top-p, each with and without a grammar
+        mask; those with penalties, biases or logprobs still compile on first use.
         """
         for b, t in self.shapes:
             logits = self._run(
@@ -140,8 +147,10 @@ class ModelRunner:
                 np.full((b,), self.num_slots, np.int32),
             )
             if t == 1 or b == 1:
+                allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
                 for params in (SamplingParams.greedy(), SamplingParams(top_p=0.9)):
-                    self.sample(logits, [SamplerRow(params, 0)])
+                    for mask in (None, allowed):  # rows without and with a grammar
+                        self.sample(logits, [SamplerRow(params, 0, mask=mask)])
 
     def _run(
         self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray

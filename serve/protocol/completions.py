@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from flipjax.runtime.sampling import BOUNDS
+from flipjax.runtime.sampling import BOUNDS, DEFAULT_MAX_TOKENS
 from serve.protocol.sampling import SamplingFields
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -13,10 +13,9 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 class CompletionRequest(SamplingFields):
     model: str | None = None
     prompt: Prompt
-    max_tokens: int | None = Field(default=16, **BOUNDS["max_tokens"].constraints())
+    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, **BOUNDS["max_tokens"].constraints())
     echo: bool = False  # the prompt comes back before the completion, with its logprobs
     logprobs: int | None = Field(default=None, **BOUNDS["logprobs"].constraints())
-    prompt_logprobs: int | None = Field(default=None, **BOUNDS["prompt_logprobs"].constraints())
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None  # refused by name: there is no fill-in-the-middle model
     session_id: str | None = Field(default=None, min_length=1)  # append this turn to it
@@ -33,4 +32,4 @@ class GenerateRequest(SamplingFields):
     """flipjax's token-level route: ids in, ids out."""
 
     input_ids: list[int] = Field(min_length=1)
-    max_tokens: int | None = Field(default=16, **BOUNDS["max_tokens"].constraints())
+    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, **BOUNDS["max_tokens"].constraints())

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from serve.protocol.sampling import SamplingFields, Strict
+from flipjax.runtime.sampling import DEFAULT_MAX_TOKENS
+from serve.protocol.sampling import SamplingFields, Strict, bounded
 
 
 class CheckpointRequest(Strict):
@@ -19,6 +20,7 @@ class BranchRequest(SamplingFields):
     RNG state); `prompt`, when given, is a new turn after the checkpoint's tokens."""
 
     checkpoint_id: str
+    max_tokens: int | None = bounded("max_tokens", DEFAULT_MAX_TOKENS)
     model: str | None = None
     prompt: str | list[int] | None = None
     session_id: str | None = Field(default=None, min_length=1)

@@ -43,7 +43,7 @@ async def completions(req: CompletionRequest, state: State) -> Response:
     scored = req.echo and (k is not None or req.max_tokens == 0)
     params = req.sampling_params(
         logprobs=k if k is not None else (0 if ranked else None),
-        prompt_logprobs=req.prompt_logprobs if not scored else (k or 0),
+        prompt_logprobs=(k or 0) if scored else None,
     )
     grammar = await grammar_for(state, req)
 
