@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -91,3 +93,15 @@ def test_only_the_allocator_changes_ownership():
             ):
                 calls.append(f"{p.relative_to(ROOT)}:{node.lineno}")
     assert not calls, f"ownership changed outside the allocator at {calls}"
+
+
+def test_a_lower_layer_imports_without_the_layers_above():
+    """The public face loads lazily: reading a config (as the store and the CLIs do) pulls in
+    neither jax nor the engine, and a store module can be imported first."""
+    code = "import sys, store.checkpoints; print('flipjax.engine.engine' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "importing a store module loaded the engine"
+    bare = "import sys, flipjax.model.config; print('jax' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", bare], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", "reading a config imported jax"

@@ -137,6 +137,19 @@ def test_a_json_schema_holds_for_every_seed(engine, grammars):
         assert isinstance(value["n"], int) and 0 <= value["n"] <= 99
 
 
+def test_bounded_strings_stay_strict_json(engine, grammars):
+    """xgrammar's length-bounded JSON strings admit raw control characters unless patched;
+    strict parsers (json.loads) refuse those."""
+    schema = {"type": "object", "required": ["s"], "additionalProperties": False,
+              "properties": {"s": {"type": "string", "minLength": 4, "maxLength": 12}}}
+    compiled = grammars.compile("json", schema)
+    for seed in range(4):
+        params = SamplingParams(temperature=1.0, seed=seed, max_tokens=200)
+        rid = engine.add_request("json: ", params, grammar=grammars.constraint(compiled))
+        value = json.loads(run(engine, rid)["outs"][rid].text)
+        assert isinstance(value["s"], str) and not any(ord(ch) < 32 for ch in value["s"])
+
+
 def test_grammar_rows_compile_nothing_after_warmup(grammars):
     engine = Engine.from_pretrained("tiny", max_running_requests=2, max_prefill_tokens=32)
     engine.warmup()
