@@ -3,7 +3,8 @@
 Benchmarks: `engine` (flipjax vs transformers, prefill and decode), `store` (store tiers vs raw
 file I/O), `flip` (a live layout flip vs a plain copy and vs a restart), `serve` (the HTTP
 server under concurrent clients; cold vs stored-prefix TTFT), `requests` (structured output
-and parallel choices against their peers). Each reports ratios, since a
+and parallel choices against their peers), `policy` (the phase policy replayed over a mixed
+trace against either static layout). Each reports ratios, since a
 single absolute time on a shared machine means little.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHMARKS = ("engine", "store", "flip", "serve", "requests")
+BENCHMARKS = ("engine", "store", "flip", "serve", "requests", "policy")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.serve import main as run
     elif argv[0] == "requests":
         from flipjax.benchmarks.requests import main as run
+    elif argv[0] == "policy":
+        from flipjax.benchmarks.policy import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

@@ -30,6 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--phase-policy", default="manual", choices=["manual", "auto"],
                    help="auto: flip by measured throughput between --layout (the prefill "
                    "layout) and the one --arm layout (the decode layout)")
+    p.add_argument("--ttft-budget-s", type=float, default=None,
+                   help="auto policy: a ceiling on queued prompts' time to first token it "
+                   "respects when it weighs a flip")
+    p.add_argument("--flip-memory-headroom", type=float, default=None, metavar="GIB",
+                   help="GiB a flip may add per device on devices without memory_stats "
+                   "(the CPU); a flip that needs more is refused")
     p.add_argument("--no-warmup", action="store_true",
                    help="skip compiling every step shape at start (serving then compiles on "
                    "first use of each shape)")
@@ -74,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
         page_size=args.page_size, num_pages=args.num_pages,
         max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens,
+        flip_memory_headroom=None if args.flip_memory_headroom is None
+        else int(args.flip_memory_headroom * 2**30),
     )  # fmt: skip
     cfg = engine.config
     log.info(
@@ -118,7 +126,9 @@ def _autopilot(args: argparse.Namespace, engine: Any, log: logging.Logger) -> An
     from flipjax.engine.pilot import Autopilot
     from sharding.policy import PolicyConfig
 
-    autopilot = Autopilot(PolicyConfig(prefill_layout=engine.layout, decode_layout=args.arm[0]))
+    autopilot = Autopilot(PolicyConfig(
+        prefill_layout=engine.layout, decode_layout=args.arm[0], ttft_budget_s=args.ttft_budget_s
+    ))  # fmt: skip
     t0 = time.perf_counter()
     autopilot.calibrate(engine)
     measured = autopilot.throughput().items()

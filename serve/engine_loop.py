@@ -178,8 +178,8 @@ class EngineLoop:
     def _pilot(self, autopilot: Autopilot) -> None:
         autopilot.observe(self.engine.last_step)
         try:
-            autopilot.tick(self.engine)
-        except Exception as err:  # noqa: BLE001 - a refused or failed flip keeps the old layout
-            autopilot.counters["refusals"] += 1
-            autopilot.last_decision = f"flip failed, staying: {err}"
+            autopilot.tick(self.engine)  # refusals back off inside; this is for the unforeseen
+        except Exception as err:  # noqa: BLE001 - the policy must not take the server down
+            autopilot.counters["errors"] += 1
+            autopilot.governor.failed(f"policy error: {err}", autopilot.clock())
             log.error("phase policy: %s", err)

@@ -72,6 +72,14 @@ class Metrics:
         )  # fmt: skip
         self.flips = Counter("flipjax:flips", "Layout flips", ["direction"], registry=r)
         self.flip_seconds = Counter("flipjax:flip_seconds", "Time spent flipping", registry=r)
+        self.flip_parts = Histogram(
+            "flipjax:flip_part_seconds", "Each part of a flip, per direction",
+            ["direction", "part"], buckets=_LATENCY, registry=r,
+        )  # fmt: skip
+        self.flip_moved = Counter(
+            "flipjax:flip_bytes", "Bytes flips moved, and the bytes they held", ["kind"],
+            registry=r,
+        )  # fmt: skip
         self.layout = Gauge("flipjax:layout", "The current layout (1)", ["layout"], registry=r)
         self.unknown_fields = Counter(
             "flipjax:unknown_request_fields", "Requests that sent a field flipjax ignores",
@@ -118,6 +126,11 @@ class Metrics:
         for record in flips[self._flips_seen :]:
             self.flips.labels(record.direction).inc()
             self.flip_seconds.inc(record.total_ms / 1e3)
+            for part in ("weights", "kv", "gdn", "check", "total"):
+                seconds = getattr(record, f"{part}_ms") / 1e3
+                self.flip_parts.labels(record.direction, part).observe(seconds)
+            self.flip_moved.labels("moved").inc(record.total_bytes)
+            self.flip_moved.labels("held").inc(record.held_bytes)
         self._flips_seen = len(flips)
         self.layout.clear()
         self.layout.labels(engine.layout).set(1)

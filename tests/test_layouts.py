@@ -137,20 +137,19 @@ def test_refused_flip_keeps_the_old_layout(engine, straight):
 
 
 def test_failure_mid_flip_leaves_the_old_binding_serving(engine, straight, monkeypatch):
-    real_move = flip_module._move
+    real_move = flip_module._move_pools
     calls = []
 
-    def failing_move(tree, shardings):
-        calls.append(1)
-        if len(calls) == 2:  # weights moved, KV not yet
-            raise RuntimeError("injected: device lost")
-        return real_move(tree, shardings)
+    def failing_move(*args):
+        calls.append(1)  # the weights moved already, the pools not yet
+        raise RuntimeError("injected: device lost")
 
-    monkeypatch.setattr(flip_module, "_move", failing_move)
+    monkeypatch.setattr(flip_module, "_move_pools", failing_move)
     binding, generation = engine.runner.binding, engine.layouts.generation
     with pytest.raises(flip_module.FlipError, match="injected: device lost"):
         engine.flip("tp:2")
     assert engine.runner.binding is binding and engine.layouts.generation == generation
     assert engine.layout == "pp:5,3"
-    monkeypatch.setattr(flip_module, "_move", real_move)
+    assert calls == [1]
+    monkeypatch.setattr(flip_module, "_move_pools", real_move)
     assert run(engine, {2: "tp:2", 4: "pp:5,3"}) == straight

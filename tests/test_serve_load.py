@@ -59,6 +59,17 @@ def test_a_burst_into_a_small_pool_under_the_auto_policy(tmp_path):
         assert metric(base, "flipjax:prefix_cache_states") == 0
         ticks = httpx.get(f"{base}/phase", timeout=30).json()["policy"]["counters"]["ticks"]
         assert ticks > 0, "the policy never looked at the load"
+        # A manual flip is seen by the policy: it restarts the dwell, so no flip back.
+        here = httpx.get(f"{base}/phase", timeout=30).json()["layout"]
+        other = "tp:2" if here == "single" else "single"
+        flipped = httpx.post(f"{base}/phase_flip", json={"to": other}, timeout=120).json()
+        client.completions.create(model="tiny", prompt=prompts[0], max_tokens=4, temperature=0)
+        phase = httpx.get(f"{base}/phase", timeout=30).json()
+        policy = phase["policy"]
+        assert flipped["layout"] == other == phase["layout"]
+        assert policy["last_decision"]["reason"] == "dwell"
+        assert policy["last_decision"]["terms"].startswith("dwell")
+        assert policy["flip_cost_provenance"] == "both measured"
     finally:
         proc.terminate()
         proc.wait(timeout=30)

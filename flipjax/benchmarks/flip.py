@@ -1,10 +1,12 @@
 """`python -m flipjax.bench flip`: a live phase flip against a plain copy and against a restart.
 
 On the engine benchmark's reference model (133M parameters, fp32, random weights) with a KV pool
-and GDN slots, the engine starts in layout A with B armed, then flips A -> B -> A repeatedly.
-Peers, in the same run: `jax.device_put` of the same trees between the same placements (what a
-flip cannot beat), and a restart into B in a fresh process (restore from an orbax checkpoint
-plus the warm-up compile of every step shape), which is what a server without flips would do.
+and GDN slots, the engine starts in layout A with B armed, then flips A -> B -> A repeatedly
+with 1%, 25% and 100% of the pages and slots held: a flip moves the live set, so its cost grows
+with occupancy, not with the pool. Peers, in the same run: `jax.device_put` of the same trees
+between the same placements (what a flip of a full pool cannot beat), and a restart into B in a
+fresh process (restore from an orbax checkpoint plus the warm-up compile of every step shape),
+which is what a server without flips would do.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 
 if "XLA_FLAGS" not in os.environ:  # on the CPU, give the layouts eight devices to use
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -30,6 +33,7 @@ from flipjax.engine.engine import Engine  # noqa: E402
 from flipjax.model.config import ModelConfig  # noqa: E402
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
 from flipjax.model.tokenizer import ByteTokenizer  # noqa: E402
+from sharding.flip import FlipRecord  # noqa: E402
 
 ENGINE_OPTIONS = dict(num_pages=2048, max_running_requests=8, max_prefill_tokens=64)
 
@@ -41,6 +45,35 @@ def _median_ms(fn, repeats: int) -> float:  # noqa: ANN001
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+@dataclass
+class _Holder:
+    """Holds pages and slots the way a request does, to set the pool's occupancy."""
+
+    request_id: str
+    pages: list[int] = field(default_factory=list)
+    slot: int | None = None
+
+
+def _flips_at(
+    engine: Engine, occupancy: float, a: str, b: str, repeats: int
+) -> dict[str, list[FlipRecord]]:
+    """Flip a -> b -> a `repeats` times with `occupancy` of the pages and slots held."""
+    allocator, ps = engine.allocator, engine.engine_config.page_size
+    holders = [_Holder(f"bench-{i}") for i in range(max(1, int(occupancy * allocator.slots.total)))]
+    pages = max(1, int(occupancy * allocator.pages.total))
+    for i, h in enumerate(holders):
+        allocator.take_slot(h)
+        share = pages // len(holders) + (i < pages % len(holders))
+        allocator.grow(h, share * ps)
+    records: dict[str, list[FlipRecord]] = {a: [], b: []}
+    for _ in range(repeats):
+        for target in (b, a):
+            records[target].append(engine.flip(target))
+    for h in holders:
+        allocator.free(h)
+    return records
 
 
 def _restart_child(folder: str, layout: str) -> None:
@@ -57,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--a", default="pp:8,4", help="starting layout")
     p.add_argument("--b", default="tp:2", help="layout flipped to")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--num-pages", type=int, default=ENGINE_OPTIONS["num_pages"])
     p.add_argument("--restart-child", nargs=2, metavar=("FOLDER", "LAYOUT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.restart_child:
@@ -68,10 +102,10 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})
     model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    options = {**ENGINE_OPTIONS, "num_pages": args.num_pages}
     engine = Engine(
-        model, ByteTokenizer(), "reference", jnp.float32, EngineConfig(**ENGINE_OPTIONS),
-        layout=args.a,
-    )  # fmt: skip
+        model, ByteTokenizer(), "reference", jnp.float32, EngineConfig(**options), layout=args.a
+    )
     engine.warmup()
     t0 = time.perf_counter()
     engine.arm(args.b)
@@ -79,10 +113,21 @@ def main(argv: list[str] | None = None) -> None:
           f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
 
     runner = engine.runner
-    records = {args.b: [], args.a: []}
-    for _ in range(args.repeats):
-        for target in (args.b, args.a):
-            records[target].append(engine.flip(target))
+    full: dict[str, list] = {}
+    print(f"{'occupancy':>9} {'pages':>6} {'direction':>16} {'flip ms':>8} {'pools ms':>9} "
+          f"{'pools MiB moved':>16} {'of':>6}")  # fmt: skip
+    for occupancy in (0.01, 0.25, 1.0):
+        records = _flips_at(engine, occupancy, args.a, args.b, args.repeats)
+        for target, source in ((args.b, args.a), (args.a, args.b)):
+            recs = records[target]
+            r = recs[-1]
+            pools_ms = statistics.median(x.kv_ms + x.gdn_ms for x in recs)
+            pools = (r.kv_bytes + r.gdn_bytes) / 2**20
+            held = (r.held_bytes - r.weights_bytes) / 2**20
+            print(f"{occupancy:>9.0%} {r.live_pages:>6} {source + '->' + target:>16} "
+                  f"{statistics.median(x.total_ms for x in recs):>8.1f} {pools_ms:>9.1f} "
+                  f"{pools:>16.1f} {held:>6.1f}")  # fmt: skip
+        full = records
     tree = (runner.binding.params, runner.binding.state)
     placements = {name: engine.layouts.armed[name] for name in (args.a, args.b)}
     shardings = {name: _shardings(runner, pl) for name, pl in placements.items()}
@@ -95,15 +140,16 @@ def main(argv: list[str] | None = None) -> None:
         )
         del here
     for target, source in ((args.b, args.a), (args.a, args.b)):
-        recs = records[target]
+        recs = full[target]
         flip_ms = statistics.median(r.total_ms for r in recs)
         r = recs[-1]
         print(
-            f"flip {source} -> {target}: {flip_ms:7.1f} ms for {r.total_bytes / 2**20:.0f} MiB "
-            f"(weights {r.weights_ms:.1f} ms, KV {r.kv_ms:.1f} ms, GDN {r.gdn_ms:.1f} ms) | "
-            f"device_put of the same trees {copies[target]:7.1f} ms | "
-            f"flip / copy = {flip_ms / copies[target]:.2f}x (target <= 1.5x)"
+            f"flip {source} -> {target} at 100%: {flip_ms:7.1f} ms for "
+            f"{r.total_bytes / 2**20:.0f} MiB (weights {r.weights_ms:.1f} ms, KV {r.kv_ms:.1f} "
+            f"ms, GDN {r.gdn_ms:.1f} ms) | device_put of the same trees {copies[target]:7.1f} ms "
+            f"| flip / copy = {flip_ms / copies[target]:.2f}x (target <= 1.5x)"
         )
+    records = full
 
     with tempfile.TemporaryDirectory() as folder:
         ckpt = os.path.join(folder, "orbax")

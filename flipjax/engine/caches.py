@@ -3,6 +3,7 @@ holds what, flushing the device prefix cache, and warming every program that mov
 
 from __future__ import annotations
 
+from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.runtime import cache_io
 from flipjax.runtime.allocator import Allocator
@@ -11,10 +12,15 @@ from flipjax.runtime.model_runner import ModelRunner
 
 class Caches:
     def __init__(
-        self, allocator: Allocator, prefix_cache: RadixCache | None, moves_state: bool
+        self,
+        allocator: Allocator,
+        prefix_cache: RadixCache | None,
+        reuse: PrefixReuse,
+        moves_state: bool,
     ):
         self.allocator = allocator
         self.prefix_cache = prefix_cache
+        self.reuse = reuse
         self.moves_state = moves_state  # pages and states move between slots, host and device
 
     def check(self) -> None:
@@ -43,6 +49,15 @@ class Caches:
             return {"pages": 0, "states": 0}
         pages, states = self.prefix_cache.flush()
         return {"pages": pages, "states": states}
+
+    def reseed(self) -> int:
+        """Drop the device prefix cache ahead of a flip, so it is not moved; returns the pages
+        it freed. Counted, and so are the tokens the store serves again afterwards."""
+        freed = self.flush()["pages"]
+        self.reuse.counters["reseed_flips"] += 1
+        self.reuse.counters["reseed_dropped_pages"] += freed
+        self.reuse.reseeded = True
+        return freed
 
     def warmup(self, runner: ModelRunner) -> None:
         """Compile every step shape now, so serving never compiles the model step later; when

@@ -29,6 +29,8 @@ class EngineConfig:
     # prefix store's interval, or `hybrid.default_interval` without one.
     gdn_checkpoint_interval: int | None = None
     prefix_cache: bool = True  # keep finished requests' pages and grid states for reuse
+    # Bytes a flip may add per device on devices that report no memory_stats (None: unchecked).
+    flip_memory_headroom: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):

@@ -72,7 +72,6 @@ class Engine:
                 self.allocator, self.gdn_interval, max_states=ec.slots - ec.max_running_requests
             )
         moves_state = self.prefix_cache is not None or prefix_store is not None
-        self.caches = Caches(self.allocator, self.prefix_cache, moves_state)
         self.scheduler = Scheduler(
             self.allocator, ec.max_running_requests, ec.max_prefill_tokens,
             chunk_grid=self.gdn_interval if moves_state else None,
@@ -84,12 +83,15 @@ class Engine:
             max_len, ec.max_running_requests, ec.max_prefill_tokens,
             placement_for(layout, self.config) if layout is not None else None,
         )  # fmt: skip
-        self.layouts = Layouts(self.runner, state_io=moves_state)
+        self.layouts = Layouts(
+            self.runner, self.allocator, moves_state, headroom=ec.flip_memory_headroom
+        )
         self.reuse = PrefixReuse(
             self.runner, self.scheduler, ec.page_size, self.gdn_interval, self.prefix_cache,
             prefix_store,
         )  # fmt: skip
         self.scheduler.on_admit = self.reuse.seed
+        self.caches = Caches(self.allocator, self.prefix_cache, self.reuse, moves_state)
         self.requests = Requests(tokenizer, self.config.vocab_size, max_len, self.scheduler)
         self.stepper = Stepper(self.runner, self.scheduler, self.reuse, tokenizer, max_len)
         self.sessions = Sessions(checkpoints, self.gdn_interval)
@@ -134,11 +136,12 @@ class Engine:
         """Compile `layout`'s step programs now, so a later flip to it compiles nothing."""
         self.layouts.arm(layout)
 
-    def flip(self, layout: str) -> FlipRecord | None:
+    def flip(self, layout: str, reseed: bool = False) -> FlipRecord | None:
         """Reshard the live state to `layout`; requests in flight continue where they are.
         Returns the `FlipRecord` (None if already there); a refused or failed flip raises and
-        leaves the engine serving in its old layout."""
-        return self.layouts.flip(layout)
+        leaves the engine serving in its old layout. `reseed` drops the device prefix cache
+        instead of moving it (the store serves those prefixes again)."""
+        return self.layouts.flip(layout, self.caches.reseed if reseed else None)
 
     # -- incremental API ------------------------------------------------------------------------
 

@@ -1,15 +1,17 @@
 """The automatic phase policy on a live engine: measure, decide, flip, between two steps.
 
-`sharding.policy.decide` is pure; this feeds it. Throughput per layout is an EMA over steps
-that did one kind of work only (a pure prefill step measures prompt tokens per second, a pure
-decode step generated tokens per second; mixed steps say nothing about either). `calibrate`
-seeds both layouts before serving with a short synthetic load in each, so the policy can act
-from the first request instead of waiting to have served in both. Each flip's measured time
-feeds the per-direction cost estimate.
+`sharding.policy.decide` is pure and `sharding.governor.Governor` keeps its state; this feeds
+them from the engine. Throughput per layout is an EMA over steps that did one kind of work only
+(a pure prefill step measures prompt tokens per second, a pure decode step generated tokens per
+second; mixed steps say nothing about either). `calibrate` seeds both layouts before serving
+with a short synthetic load in each, so the policy can act from the first request. Every flip
+the engine made since the last decision, the policy's or an operator's, is folded in first: it
+restarts the dwell clock and feeds its direction's cost. A refused or failed flip backs off.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import Counter
@@ -18,7 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flipjax.engine.engine import Engine, StepStats
-from sharding.policy import FlipCosts, FlipTo, PolicyConfig, Snapshot, Throughput, decide
+from sharding.flip import FlipError
+from sharding.governor import Governor
+from sharding.layout import LayoutError
+from sharding.policy import FlipCosts, FlipTo, PolicyConfig, Snapshot, Throughput
+
+log = logging.getLogger("flipjax.pilot")
 
 
 @dataclass
@@ -34,9 +41,8 @@ class Autopilot:
     alpha: float = 0.2  # EMA weight of the newest step
     clock: Callable[[], float] = time.monotonic
     rates: dict[str, _Rates] = field(default_factory=dict)
-    last_flip_s: float | None = None
-    last_decision: str = "none yet"
     counters: Counter[str] = field(default_factory=Counter)  # ticks, flips, stays, refusals
+    seen_flips: int = 0  # the engine's flip records folded into the policy so far
 
     def __post_init__(self) -> None:
         if self.config.prefill_layout == self.config.decode_layout:
@@ -44,6 +50,7 @@ class Autopilot:
                 f"phase policy: the prefill and decode layouts are both "
                 f"{self.config.decode_layout}; auto needs two layouts"
             )
+        self.governor = Governor(self.config, self.costs)
 
     # -- measuring ------------------------------------------------------------------------------
 
@@ -68,7 +75,7 @@ class Autopilot:
         """Measure both layouts with a synthetic load: one long prompt (pure prefill steps),
         then `rows` requests decoding together. Its prompts are random, and prefix reuse is
         paused meanwhile (nothing looked up, nothing published). Ends in the prefill layout,
-        with no request left."""
+        with no request left; its flips feed the cost estimates but start no dwell."""
         rng = random.Random(0)
         vocab = engine.config.vocab_size
         pool_tokens = engine.pages.total * engine.engine_config.page_size
@@ -84,34 +91,51 @@ class Autopilot:
                     while engine.has_unfinished():
                         engine.step()
                         self.observe(engine.last_step)
+        for record in engine.layouts.flips[self.seen_flips :]:
+            self.costs.observe(record.source, record.target, record.total_ms / 1e3)
+        self.seen_flips = len(engine.layouts.flips)
 
     # -- deciding -------------------------------------------------------------------------------
 
     def tick(self, engine: Engine) -> FlipTo | None:
         """Decide on the engine's current load, and flip if the policy says so."""
         self.counters["ticks"] += 1
+        awaiting = _awaiting(engine)
+        self._sync(engine, frozenset(awaiting))
         scheduler = engine.scheduler
         queued = sum(s.num_pending for s in scheduler.waiting)
         queued += sum(s.num_pending for s in scheduler.running if not s.is_decoding)
-        decoding = sum(s.is_decoding for s in scheduler.running)
+        decoders = [s for s in scheduler.running if s.is_decoding]
+        horizon = self.config.horizon_tokens
+        left = sum(min(s.max_tokens - len(s.output_ids), horizon) for s in decoders)
+        waited = time.perf_counter() - min(awaiting.values(), default=time.perf_counter())
         snapshot = Snapshot(
-            self.clock(), engine.layout, queued, decoding, self.throughput(), self.last_flip_s
-        )
-        choice = decide(snapshot, self.costs, self.config)
+            self.clock(), engine.layout, queued, len(decoders), self.throughput(),
+            waiting_s=waited, decode_tokens_left=left,
+        )  # fmt: skip
+        choice = self.governor.decide(snapshot, frozenset(awaiting))
         if not isinstance(choice, FlipTo):
             self.counters["stays"] += 1
-            self.last_decision = f"stay: {choice.reason}"
             return None
-        source = engine.layout
-        record = engine.flip(choice.layout)  # a failed flip raises; the old layout serves
-        self.last_flip_s = self.clock()
-        if record is not None:
-            self.costs.observe(source, choice.layout, record.total_ms / 1e3)
+        try:
+            engine.flip(choice.layout)
+        except (FlipError, LayoutError) as err:  # refused or failed: the old layout serves
+            self.counters["refusals"] += 1
+            self.governor.failed(str(err), self.clock())
+            log.warning("phase policy: flip to %s refused, backing off: %s", choice.layout, err)
+            return None
+        self._sync(engine, frozenset(awaiting))
         self.counters["flips"] += 1
-        self.last_decision = (
-            f"flip to {choice.layout}: {choice.gain_s:.3f}s saved for {choice.cost_s:.3f}s"
-        )
+        log.info("phase policy: flip to %s (%s)", choice.layout, choice.terms)
         return choice
+
+    def _sync(self, engine: Engine, awaiting: frozenset[str]) -> None:
+        """Fold in the flips the engine made since the last look, whoever asked for them."""
+        for record in engine.layouts.flips[self.seen_flips :]:
+            self.governor.flipped(
+                record.source, record.target, record.total_ms / 1e3, self.clock(), awaiting
+            )
+        self.seen_flips = len(engine.layouts.flips)
 
     def describe(self) -> dict[str, Any]:
         """The policy's state, for `/phase`."""
@@ -120,10 +144,19 @@ class Autopilot:
             "prefill_layout": self.config.prefill_layout,
             "decode_layout": self.config.decode_layout,
             "throughput": {k: vars(v) for k, v in self.rates.items()},
-            "flip_cost_s": dict(self.costs.measured),
-            "last_decision": self.last_decision,
-            "counters": dict(self.counters),
+            **self.governor.describe(self.clock()),
+            "counters": {**self.governor.counters, **self.counters},
         }
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
+
+
+def _awaiting(engine: Engine) -> dict[str, float]:
+    """Requests without a first token yet, by arrival time."""
+    scheduler = engine.scheduler
+    return {
+        s.request_id: s.arrival_time
+        for s in (*scheduler.waiting, *scheduler.running)
+        if len(s.output_ids) == s.carried
+    }

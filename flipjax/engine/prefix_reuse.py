@@ -46,6 +46,7 @@ class PrefixReuse:
         self.cache = cache
         self.store = store
         self.counters: Counter[str] = Counter()
+        self.reseeded = False  # a flip dropped the device cache for the store to serve again
         self._paused = False
 
     @contextmanager
@@ -94,6 +95,8 @@ class PrefixReuse:
         self.counters[f"hits_{tier}" if tier else "misses"] += 1
         if tier:
             self.counters[f"hit_tokens_{tier}"] += tokens
+        if tier in ("host", "disk") and self.reseeded:
+            self.counters["reseed_reread_tokens"] += tokens
 
     def publish(self, seq: Sequence, start: int) -> None:
         """Offer pages completed since `start`, and a grid state, to the device prefix cache

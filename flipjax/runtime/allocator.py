@@ -81,6 +81,13 @@ class Allocator:
 
     # -- reading --------------------------------------------------------------------------------
 
+    def held_pages(self) -> list[int]:
+        """Every page someone holds (requests, the prefix cache), ascending."""
+        return self.pages.held()
+
+    def held_slots(self) -> list[int]:
+        return self.slots.held()
+
     @property
     def free_pages(self) -> int:
         return self.pages.num_free

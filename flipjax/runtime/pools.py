@@ -39,6 +39,9 @@ class PagePool:
     def holders(self, page: int) -> frozenset[str]:
         return frozenset(self._holders.get(page, ()))
 
+    def held(self) -> list[int]:
+        return sorted(self._holders)
+
     def allocate(self, n: int, owner: str) -> list[int]:
         if n > len(self._free):
             self.counters["refused"] += 1
@@ -110,6 +113,9 @@ class SlotPool:
 
     def owner(self, slot: int) -> str | None:
         return self._owner.get(slot)
+
+    def held(self) -> list[int]:
+        return sorted(self._owner)
 
     def allocate(self, owner: str) -> int:
         if not self._free:

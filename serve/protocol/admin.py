@@ -9,6 +9,7 @@ from serve.protocol.sampling import Strict
 
 class FlipRequest(Strict):
     to: str
+    reseed: bool = False  # drop the device prefix cache instead of moving it
 
 
 class AbortRequest(Strict):

@@ -37,7 +37,7 @@ async def phase(state: State) -> dict[str, Any]:
 @router.post("/phase_flip")
 async def phase_flip(req: FlipRequest, state: State) -> dict[str, Any]:
     try:
-        await asyncio.to_thread(state.loop.call, lambda e: e.flip(req.to))
+        await asyncio.to_thread(state.loop.call, lambda e: e.flip(req.to, req.reseed))
     except ValueError as e:  # LayoutError: the layout cannot hold this model here
         raise bad_request(f"to: {e}", "to") from None
     except RuntimeError as e:  # FlipError: failed before the swap; the old layout serves

@@ -1,0 +1,44 @@
+"""Room for a flip: what the target placement allocates on each device, against what is free.
+
+Until the swap the old arrays stay where they are, so every target device must fit the new
+parameters and pools beside what it already holds. A device that reports `memory_stats`
+(GPUs) is checked against its own free bytes; elsewhere (the CPU) against the `headroom`
+budget a server names with `--flip-memory-headroom`, or not at all without one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import jax
+
+
+def bytes_per_device(trees: Any, shardings: Any) -> Counter[Any]:
+    """Bytes each device holds of `trees` laid out by `shardings` (leaf for leaf)."""
+    need: Counter[Any] = Counter()
+    for leaf, sharding in zip(jax.tree.leaves(trees), jax.tree.leaves(shardings), strict=True):
+        shard = math.prod(sharding.shard_shape(tuple(leaf.shape))) * leaf.dtype.itemsize
+        for device in sharding.device_set:
+            need[device] += shard
+    return need
+
+
+def shortfall(need: Counter[Any], headroom: int | None) -> str | None:
+    """Why the target cannot hold what moves, naming the numbers; None when it can."""
+    for device, wanted in sorted(need.items(), key=lambda kv: kv[0].id):
+        stats = device.memory_stats()
+        if stats and "bytes_limit" in stats:
+            free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+            source = "memory_stats"
+        elif headroom is not None:
+            free, source = headroom, "--flip-memory-headroom"
+        else:
+            continue
+        if wanted > free:
+            return (
+                f"device {device.id} needs {wanted / 2**20:.1f} MiB for the target layout beside "
+                f"what it holds, {free / 2**20:.1f} MiB are free ({source})"
+            )
+    return None
