@@ -6,8 +6,10 @@ copied device to device, and scattered into a pool the target allocates itself (
 copied). Ids stay what they are, so nothing is renumbered and the scheduler's tables keep their
 meaning; a flip's cost grows with occupancy, not with the pool.
 
-Row counts are rounded up to a power of four (at least 16, at most the pool), so a handful of
-programs serve every occupancy; `warm` compiles them all for a pair of placements.
+Row counts are rounded up to a power of four, so a handful of programs serve every occupancy;
+when that reaches the pool, the pool is copied whole instead. `warm` compiles them all for a
+pair of placements. What remains of the pool's size in a flip's cost is the target zero-filling
+its new pool, which is a memset, not a copy.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
 
 
 def bucket(n: int, total: int) -> int:
-    """Rows moved for `n` live rows of a `total`-row pool."""
-    size = min(16, total)
+    """Rows moved for `n` live rows of a `total`-row pool: a power of four, or the pool."""
+    size = 1
     while size < min(n, total):
         size = min(size * 4, total)
     return size
@@ -59,6 +61,8 @@ def _filler(shape: tuple[int, ...], dtype: Any, sharding: NamedSharding) -> Any:
 def _move_leaf(leaf: jax.Array, target: NamedSharding, live: Sequence[int]) -> jax.Array:
     total = leaf.shape[0]
     size = bucket(len(live), total)
+    if size == total:  # the live set is the pool (or most of it): one plain copy is cheaper
+        return jax.device_put(leaf, target)
     take = np.zeros(size, np.int32)  # gather pads with a valid row, sliced off by the scatter
     put = np.full(size, total, np.int32)  # scatter pads with an out-of-range id, dropped
     take[: len(live)] = put[: len(live)] = live

@@ -102,6 +102,7 @@ def measured_rates() -> dict:
 
     engine = Engine.from_pretrained("tiny", layout="pp:5,3", num_pages=512,
                                     max_running_requests=8, max_prefill_tokens=256)  # fmt: skip
+    engine.warmup()  # as a server does before it calibrates: compiles stay out of the rates
     engine.arm("tp:2")
     pilot = Autopilot(PolicyConfig("pp:5,3", "tp:2"))
     pilot.calibrate(engine, prompt_tokens=512, rows=8)
