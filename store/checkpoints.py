@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flipjax.runtime.sampling import SamplingParams
-from store.disk import fsync_path
+from store.durable import fsync_path
 from store.entry import Kind
 from store.keys import page_keys
 from store.manifest import Manifest, ManifestError

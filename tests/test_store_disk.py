@@ -1,4 +1,7 @@
-"""The disk tier: atomic entries, verified reads, quarantine, budgets, restarts, crashes."""
+"""The disk tier: atomic entries, verified reads, quarantine, budgets, restarts, crashes.
+
+The tier is a log of segments; where a test damages bytes it finds them through the index
+(`where`), and a torn segment tail is tested beside the kills."""
 
 from __future__ import annotations
 
@@ -13,9 +16,11 @@ import time
 
 import pytest
 
-from store import disk as disk_module
+from store import durable
+from store import segment_log as log_module
 from store.disk import DiskTier
-from store.entry import HEADER_BYTES, Kind
+from store.entry import HEADER_BYTES, Kind, encode
+from store.segments import seg_path
 from tests.store_writer import IDENTITY, payload_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +32,12 @@ def key(i: int) -> bytes:
 
 def files_under(path: str) -> list[str]:
     return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def where(tier: DiskTier, k: bytes, kind: Kind = Kind.KV_PAGE) -> tuple[str, int, int]:
+    """The segment file, offset and length holding an entry."""
+    at = tier._index[k.hex() + (".gdn" if kind == Kind.GDN_ANCHOR else "")]
+    return seg_path(tier.log.folder, at.segment), at.offset, at.length
 
 
 def test_round_trip_and_restart(tmp_path):
@@ -48,19 +59,19 @@ def test_bad_entries_are_quarantined_misses(tmp_path, damage):
     tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
     k = key(1)
     tier.put(k, Kind.KV_PAGE, payload_for(k))
-    (path,) = files_under(str(tmp_path / "entries"))
+    path, offset, length = where(tier, k)
     if damage == "identity":
         tier = DiskTier(str(tmp_path), b"\x08" * 32, budget_bytes=1 << 30)
     else:
         data = bytearray(open(path, "rb").read())
         if damage == "flip":
-            data[HEADER_BYTES + 100] ^= 0x01
+            data[offset + HEADER_BYTES + 100] ^= 0x01
         else:
-            data = data[: len(data) // 2]
+            data = data[: offset + length // 2]
         open(path, "wb").write(bytes(data))
     assert tier.get(k, Kind.KV_PAGE) is None
     assert tier.counters["corrupt"] == 1 and tier.counters["misses"] == 1
-    assert not os.path.exists(path)
+    assert not DiskTier(str(tmp_path), IDENTITY, 1 << 30).contains(k, Kind.KV_PAGE), "retired"
     assert len(files_under(str(tmp_path / "quarantine"))) == 1
     assert tier.used_bytes == 0 and not tier.contains(k, Kind.KV_PAGE)
     want = {"flip": "checksum", "truncate": "length", "identity": "model identity"}[damage]
@@ -77,7 +88,8 @@ def test_budget_is_never_exceeded_and_eviction_is_lru(tmp_path):
         tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
         tier.get(key(0), Kind.KV_PAGE)  # keep key 0 hot
         assert tier.used_bytes <= tier.budget_bytes
-        assert sum(os.path.getsize(f) for f in files_under(str(tmp_path / "entries"))) <= size * 3
+        # Dead bytes wait for compaction: at most as many again, plus the segment being filled.
+        assert tier.footprint() <= 2 * size * 3 + tier.log.segment_bytes + size
     assert tier.contains(key(0), Kind.KV_PAGE)
     assert tier.counters["evictions"] > 0
 
@@ -91,7 +103,7 @@ def test_too_large_or_no_space_is_a_counted_refusal(tmp_path):
     )  # more free space than any disk has
     assert not roomy.put(key(1), Kind.KV_PAGE, b"x")
     assert roomy.counters["refused"] == 1
-    assert files_under(str(tmp_path / "w" / "entries")) == []
+    assert roomy.used_bytes == 0 and roomy.footprint() == 0
 
 
 def test_shrinking_evicts_at_once(tmp_path):
@@ -146,7 +158,9 @@ def test_a_writer_killed_at_random_never_leaves_a_wrong_entry(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 40)
-        assert os.listdir(tmp_path / "tmp") == []
+        assert tier.footprint() == sum(
+            os.path.getsize(seg_path(tier.log.folder, s)) for s in tier.log.sizes
+        ), "bytes no record describes were cut at open"
         entries = tier.entries()
         for k, kind in entries:
             assert tier.get(k, kind) == payload_for(k)
@@ -160,13 +174,13 @@ def test_a_writer_killed_at_random_never_leaves_a_wrong_entry(tmp_path):
 def test_put_many_group_commits_a_batch(tmp_path, monkeypatch):
     tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
     barriers = []
-    real_barrier = disk_module._barrier
-    monkeypatch.setattr(disk_module, "_barrier", lambda r, p: (barriers.append(len(p)),
-                                                              real_barrier(r, p)))  # fmt: skip
+    real_barrier = durable.barrier
+    monkeypatch.setattr(log_module.durable, "barrier",
+                        lambda r, p: (barriers.append(len(p)), real_barrier(r, p)))  # fmt: skip
     items = [(key(i), Kind.KV_PAGE, payload_for(key(i))) for i in range(10)]
     items.append(items[3])  # a duplicate inside the batch is stored once
     assert tier.put_many(items) == [True] * 11
-    assert barriers[0] == 10 and len(barriers) == 2  # two barriers for the whole batch
+    assert len(barriers) == 2  # two barriers for the whole batch: entries, then records
     assert tier.counters["group_commits"] == 1 and tier.counters["puts"] == 10
     again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
     assert all(again.get(k, kind) == p for k, kind, p in items)
@@ -175,22 +189,20 @@ def test_put_many_group_commits_a_batch(tmp_path, monkeypatch):
 def test_put_many_that_fails_leaves_nothing(tmp_path, monkeypatch):
     tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
     assert tier.put(key(100), Kind.KV_PAGE, b"kept")
-    real_replace, renamed = os.replace, []
+    real_barrier = durable.barrier
 
-    def failing_replace(src, dst):
-        if renamed:
-            raise OSError("injected: disk gone")
-        renamed.append(dst)
-        real_replace(src, dst)
+    def failing_barrier(root, paths):
+        raise OSError("injected: disk gone")
 
-    monkeypatch.setattr(disk_module.os, "replace", failing_replace)
+    monkeypatch.setattr(log_module.durable, "barrier", failing_barrier)
     with pytest.raises(OSError, match="injected"):
         tier.put_many([(key(i), Kind.KV_PAGE, payload_for(key(i))) for i in range(5)])
-    monkeypatch.setattr(disk_module.os, "replace", real_replace)
+    monkeypatch.setattr(log_module.durable, "barrier", real_barrier)
     assert [k for k, _ in tier.entries()] == [key(100)]
-    assert tier.used_bytes == os.path.getsize(files_under(str(tmp_path / "entries"))[0])
-    assert os.listdir(tmp_path / "tmp") == [] and len(files_under(str(tmp_path))) == 1
+    assert tier.used_bytes == HEADER_BYTES + len(b"kept")
     assert tier.get(key(100), Kind.KV_PAGE) == b"kept"
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)  # and after a restart
+    assert [k for k, _ in again.entries()] == [key(100)] and again.used_bytes == tier.used_bytes
 
 
 def test_put_many_refuses_what_does_not_fit_and_keeps_the_rest(tmp_path):
@@ -220,3 +232,52 @@ def test_pinned_entries_outlive_eviction_until_unpinned(tmp_path):
     assert not tier.contains(key(0), Kind.KV_PAGE)
     with pytest.raises(RuntimeError, match="not pinned"):
         tier.unpin(key(0), Kind.KV_PAGE)
+
+
+def test_a_torn_segment_tail_is_cut_and_the_rest_stays(tmp_path):
+    """A crash mid-batch: the entry bytes got out, their records half did."""
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    for i in range(3):
+        tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
+    path, offset, length = where(tier, key(2))
+    index = path[: -len(".seg")] + ".idx"
+    with open(index, "r+b") as f:  # the last record lost its second half
+        f.truncate(os.path.getsize(index) - 20)
+    with open(path, "ab") as f:  # and an unrecorded entry's bytes lie beyond
+        f.write(b"\x00" * 5000)
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert again.counters["incomplete_removed"] == 1
+    assert [k for k, _ in again.entries()] == [key(0), key(1)]
+    assert all(again.get(key(i), Kind.KV_PAGE) == payload_for(key(i)) for i in range(2))
+    assert os.path.getsize(path) == offset, "the torn entry and the stray bytes were cut"
+    assert again.put(key(2), Kind.KV_PAGE, payload_for(key(2)))
+    assert DiskTier(str(tmp_path), IDENTITY, 1 << 30).get(key(2), Kind.KV_PAGE) == payload_for(
+        key(2)
+    )
+
+
+def test_compaction_reclaims_space_and_keeps_every_live_entry(tmp_path):
+    size = HEADER_BYTES + 20_000
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=size * 8)  # 64 KiB segments
+    for i in range(40):
+        assert tier.put(key(i), Kind.KV_PAGE, payload_for(key(i))[:20_000])
+    assert tier.counters["evictions"] > 0 and tier.counters["compactions"] > 0
+    assert tier.footprint() <= 2 * tier.budget_bytes + tier.log.segment_bytes
+    live = [k for k, _ in tier.entries()]
+    assert all(tier.get(k, Kind.KV_PAGE) == payload_for(k)[:20_000] for k in live)
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=size * 8)
+    assert [k for k, _ in again.entries()] == live, "a restart sees what compaction left"
+    assert all(again.get(k, Kind.KV_PAGE) == payload_for(k)[:20_000] for k in live)
+
+
+def test_a_per_file_store_folder_is_migrated(tmp_path):
+    old = tmp_path / "entries" / "ab" / "cd"
+    old.mkdir(parents=True)
+    for i in range(3):
+        blob = encode(Kind.KV_PAGE, IDENTITY, key(i), payload_for(key(i)))
+        (old / key(i).hex()).write_bytes(blob)
+    (old / key(9).hex()).write_bytes(b"torn")
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert tier.counters["migrated"] == 3 and tier.counters["migration_skipped"] == 1
+    assert all(tier.get(key(i), Kind.KV_PAGE) == payload_for(key(i)) for i in range(3))
+    assert not (tmp_path / "entries").exists()

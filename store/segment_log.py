@@ -1,0 +1,123 @@
+"""The disk tier's log: appending framed entries and index records to segments, replaying the
+indexes at open, reading an entry back, and dropping a compacted segment.
+
+It keeps no policy (budgets, eviction, visibility are `store.disk.DiskTier`'s): it says where
+bytes are, and makes them durable in the order a crash needs, entries before the records that
+describe them. The file formats are `store.segments`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from store import durable
+from store.entry import HEADER_BYTES, Kind
+from store.segments import (
+    DEAD,
+    PUT,
+    Location,
+    Record,
+    cut_tail,
+    idx_path,
+    read_index,
+    seg_path,
+    segment_ids,
+)
+
+
+class SegmentLog:
+    def __init__(self, folder: str, segment_bytes: int):
+        self.folder = folder
+        self.segment_bytes = segment_bytes
+        self.sizes: dict[int, int] = {}  # bytes written per segment
+        self.tombs: dict[int, list[Record]] = {}  # the DEAD records each index file holds
+        self.torn = 0  # replays that cut a torn index tail or unindexed entry bytes
+        self._fds: dict[int, int] = {}
+        os.makedirs(folder, exist_ok=True)
+
+    def replay(self) -> Iterator[Record]:
+        """Every whole record, in the order written; torn tails are cut as they are met."""
+        for segment in segment_ids(self.folder):
+            records, torn = read_index(self.folder, segment)
+            size = os.path.getsize(seg_path(self.folder, segment))
+            end = 0
+            for r in records:
+                if r.op == PUT and (r.at.segment != segment or r.at.offset + r.at.length > size):
+                    continue  # points past what reached the segment: never trusted
+                if r.op == PUT:
+                    end = max(end, r.at.offset + r.at.length)
+                else:
+                    self.tombs.setdefault(segment, []).append(r)
+                yield r
+            if cut_tail(self.folder, segment, end) or torn:
+                self.torn += 1
+            self.sizes[segment] = end
+
+    def active(self) -> int:
+        """The segment appends go to; a full one is sealed and a new one begun."""
+        active = max(self.sizes, default=0)
+        if not self.sizes or self.sizes[active] >= self.segment_bytes:
+            active += 1
+            self.sizes[active] = 0
+            open(seg_path(self.folder, active), "ab").close()
+        return active
+
+    def append(self, plan: list[tuple[bytes, Kind, bytes]]) -> list[Record]:
+        """Write framed entries at the segments' ends and make them durable (one barrier);
+        their PUT records, not yet written. What a failure left in a file is dead space."""
+        records, pending = [], {}
+        for key, kind, blob in plan:
+            active = self.active()
+            offset = self.sizes[active]
+            self.sizes[active] = offset + len(blob)
+            pending.setdefault(active, []).append(blob)
+            crc = int.from_bytes(blob[HEADER_BYTES - 4 : HEADER_BYTES], "little")
+            records.append(Record(PUT, key, kind, Location(active, offset, len(blob), crc)))
+        try:
+            for segment, blobs in pending.items():
+                with open(seg_path(self.folder, segment), "ab") as f:
+                    f.writelines(blobs)
+            if pending:
+                durable.barrier(self.folder, [seg_path(self.folder, s) for s in sorted(pending)])
+        except BaseException:
+            for segment in pending:
+                self.sizes[segment] = os.path.getsize(seg_path(self.folder, segment))
+            raise
+        return records
+
+    def write_records(self, records: list[Record]) -> None:
+        """Append records to the index files and make them durable (one barrier): a PUT beside
+        its entry, a DEAD in the active segment's index."""
+        by_index: dict[int, list[Record]] = {}
+        active = self.active() if any(r.op == DEAD for r in records) else 0
+        for r in records:
+            by_index.setdefault(r.at.segment if r.op == PUT else active, []).append(r)
+        for segment, group in by_index.items():
+            with open(idx_path(self.folder, segment), "ab") as f:
+                f.write(b"".join(r.pack() for r in group))
+            self.tombs.setdefault(segment, []).extend(r for r in group if r.op == DEAD)
+        if by_index:
+            durable.barrier(self.folder, [idx_path(self.folder, s) for s in sorted(by_index)])
+
+    def read(self, at: Location) -> bytes:
+        """The bytes at `at`, as they are on disk (the caller verifies them)."""
+        fd = self._fds.get(at.segment)
+        if fd is None:
+            fd = self._fds[at.segment] = os.open(seg_path(self.folder, at.segment), os.O_RDONLY)
+        return os.pread(fd, at.length, at.offset)
+
+    def carried_tombs(self, segment: int) -> list[Record]:
+        """The retirements `segment`'s index holds of entries in other segments still here:
+        they must outlive the segment, or a replay would bring those entries back."""
+        return [t for t in self.tombs.get(segment, [])
+                if t.at.segment in self.sizes and t.at.segment != segment]  # fmt: skip
+
+    def drop(self, segment: int) -> None:
+        fd = self._fds.pop(segment, None)
+        if fd is not None:
+            os.close(fd)
+        for path in (seg_path(self.folder, segment), idx_path(self.folder, segment)):
+            os.remove(path)
+        self.sizes.pop(segment)
+        self.tombs.pop(segment, None)
