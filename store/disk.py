@@ -11,8 +11,8 @@ checkpoints; a write that cannot fit is refused and counted. The space of evicte
 entries comes back by compaction: a sealed segment less than half live has its live entries
 copied forward, then its files go. Readers wait only for the index, never for a writer's I/O.
 
-A store folder in the former one-file-per-entry layout (`entries/`) is migrated at open: every
-entry that verifies is appended to segments, then its file is removed.
+A store folder in the former one-file-per-entry layout is migrated at open
+(`store.disk_migration`).
 """
 
 from __future__ import annotations
@@ -21,24 +21,21 @@ import os
 import shutil
 import threading
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 
 from store.backend import Pins, StoreTier
-from store.entry import CorruptEntry, Kind, decode, encode
+from store.disk_index import DiskIndex
+from store.disk_migration import migrate_entries, parse_name
+from store.entry import HEADER_BYTES, CorruptEntry, Kind, header, verify
 from store.keys import entry_name
-from store.segment_log import SegmentLog
-from store.segments import DEAD, PUT, Location, Record
+from store.segment_log import Framed, SegmentLog
+from store.segments import PUT, Location
 
 COMPACT_BELOW = 0.5  # a sealed segment with less than this share of live bytes is compacted
 
 
 def _name(key: bytes, kind: Kind) -> str:
     return entry_name(key, gdn=kind == Kind.GDN_ANCHOR)
-
-
-def _parse(name: str) -> tuple[bytes, Kind]:
-    kind = Kind.GDN_ANCHOR if name.endswith(".gdn") else Kind.KV_PAGE
-    return bytes.fromhex(name.removesuffix(".gdn")), kind
 
 
 class DiskTier(StoreTier):
@@ -54,22 +51,20 @@ class DiskTier(StoreTier):
         self.last_corruption: str | None = None
         self._lock = threading.Lock()  # the index: held briefly, by readers too
         self._write_lock = threading.Lock()  # one writer (batch, delete, compaction) at a time
-        self._index: OrderedDict[str, Location] = OrderedDict()  # LRU first
         self._pins = Pins()  # held by session checkpoints: never evicted
-        self._used = 0  # live bytes
-        self._live: Counter[int] = Counter()  # live bytes per segment
-        self._dead: list[Record] = []  # retirements not yet in an index file
+        self._index = DiskIndex()
         os.makedirs(os.path.join(root, "quarantine"), exist_ok=True)
         segment_bytes = min(128 << 20, max(64 << 10, budget_bytes // 8))
         self.log = SegmentLog(os.path.join(root, "segments"), segment_bytes)
         for r in self.log.replay():
-            (self._place if r.op == PUT else self._unplace)(r)
+            place = self._index.place if r.op == PUT else self._index.unplace
+            place(_name(r.key, r.kind), r.at)
         self.counters["incomplete_removed"] += self.log.torn
         with self._write_lock:
             with self._lock:
                 self._make_room(0)
             self._commit([])
-        self._migrate()
+        migrate_entries(self, os.path.join(root, "entries"))
 
     # -- StoreTier ------------------------------------------------------------------------------
 
@@ -83,19 +78,20 @@ class DiskTier(StoreTier):
             with self._lock:
                 for key, kind, payload in items:
                     name = _name(key, kind)
-                    if name in self._index or name in plan:
-                        if name in self._index:
-                            self._index.move_to_end(name)
+                    if name in self._index.entries or name in plan:
+                        if name in self._index.entries:
+                            self._index.entries.move_to_end(name)
                         self.counters["put_existing"] += 1
                         results.append(True)
                         continue
-                    blob = encode(kind, self.identity, key, payload)
-                    if len(blob) > self._budget or not self._make_room(reserved + len(blob)):
+                    head = header(kind, self.identity, key, payload)
+                    size = len(head) + len(payload)
+                    if size > self._budget or not self._make_room(reserved + size):
                         self.counters["refused"] += 1
                         results.append(False)
                         continue
-                    plan[name] = (key, kind, blob)
-                    reserved += len(blob)
+                    plan[name] = (key, kind, (head, payload))
+                    reserved += size
                     results.append(True)
             self._commit(list(plan.values()))
             if len(plan) > 1:
@@ -107,41 +103,64 @@ class DiskTier(StoreTier):
         name = _name(key, kind)
         with self._lock:
             self.counters["checked"] += 1
-            at = self._index.get(name)
+            at = self._index.entries.get(name)
             if at is None:
                 self.counters["misses"] += 1
                 return None
-            try:
-                blob = self.log.read(at)
-            except OSError:
-                blob = b""
-            self._index.move_to_end(name)
+            self._index.entries.move_to_end(name)
+            head, payload = self._read(at)
         try:
-            payload = decode(blob, self.identity, key, kind)
+            verify(head, payload, self.identity, key, kind)
         except CorruptEntry as e:
+            self._reject(name, at, head + payload, str(e))
             with self._lock:
-                if self._index.get(name) == at:
-                    self._quarantine(name, blob, str(e))
                 self.counters["misses"] += 1
-            with self._write_lock:  # retired durably: a restart must not offer it again
-                self._commit([])
             return None
         with self._lock:
             self.counters["hits"] += 1
-            self.counters["bytes_read"] += len(blob)
+            self.counters["bytes_read"] += at.length
         return payload
+
+    def get_many(self, items: list[tuple[bytes, Kind]]) -> list[bytes | None]:
+        """`get` of several entries (None for each miss), under one hold of the index."""
+        reads: list[tuple[str, Location, bytes, bytes] | None] = []
+        with self._lock:
+            self.counters["checked"] += len(items)
+            for key, kind in items:
+                name = _name(key, kind)
+                at = self._index.entries.get(name)
+                if at is not None:
+                    self._index.entries.move_to_end(name)
+                reads.append(None if at is None else (name, at, *self._read(at)))
+        out: list[bytes | None] = []
+        for (key, kind), read in zip(items, reads, strict=True):
+            payload = None
+            if read is not None:
+                name, at, head, body = read
+                try:
+                    verify(head, body, self.identity, key, kind)
+                    payload = body
+                except CorruptEntry as e:
+                    self._reject(name, at, head + body, str(e))
+            out.append(payload)
+        with self._lock:
+            hits = [p for p in out if p is not None]
+            self.counters["hits"] += len(hits)
+            self.counters["misses"] += len(out) - len(hits)
+            self.counters["bytes_read"] += sum(len(p) + HEADER_BYTES for p in hits)
+        return out
 
     def contains(self, key: bytes, kind: Kind) -> bool:
         with self._lock:
-            return _name(key, kind) in self._index
+            return _name(key, kind) in self._index.entries
 
     def delete(self, key: bytes, kind: Kind) -> bool:
         """Retire an entry now, durably: a restart does not bring it back."""
         with self._write_lock:
             with self._lock:
-                if _name(key, kind) not in self._index:
+                if _name(key, kind) not in self._index.entries:
                     return False
-                self._retire(_name(key, kind))
+                self._index.retire(_name(key, kind))
             self._commit([])
         return True
 
@@ -159,7 +178,7 @@ class DiskTier(StoreTier):
     def entries(self) -> list[tuple[bytes, Kind]]:
         """Every indexed entry's key and kind, least recently used first."""
         with self._lock:
-            return [_parse(n) for n in self._index]
+            return [parse_name(n) for n in self._index.entries]
 
     def resize(self, budget_bytes: int) -> None:
         if budget_bytes <= 0:
@@ -170,6 +189,10 @@ class DiskTier(StoreTier):
                 self._make_room(0)
             self._commit([])
 
+    @property
+    def used_bytes(self) -> int:
+        return self._index.used
+
     def footprint(self) -> int:
         """Bytes the segments take on disk, dead ones included until compaction."""
         with self._lock:
@@ -177,60 +200,33 @@ class DiskTier(StoreTier):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _commit(self, plan: list[tuple[bytes, Kind, bytes]]) -> None:
+    def _commit(self, plan: list[tuple[bytes, Kind, Framed]]) -> None:
         """Append `plan`'s entries, then their records and the pending retirements: durable,
         then visible. A failure leaves none of `plan` indexed. Holds the write lock."""
         with self._lock:
-            dead, self._dead = self._dead, []
+            dead, self._index.dead = self._index.dead, []
         try:
             records = self.log.append(plan)
             self.log.write_records(records + dead)
         except BaseException:
             with self._lock:
-                self._dead = dead + self._dead
+                self._index.dead = dead + self._index.dead
             raise
         with self._lock:
             for r in records:
-                self._place(r)
+                self._index.place(_name(r.key, r.kind), r.at)
                 self.counters["puts"] += 1
                 self.counters["bytes_written"] += r.at.length
 
-    def _place(self, r: Record) -> None:
-        """Index a PUT; a newer one of the same entry (a compacted copy) keeps its LRU place."""
-        name = _name(r.key, r.kind)
-        old = self._index.get(name)
-        if old is not None:
-            self._used -= old.length
-            self._live[old.segment] -= old.length
-        self._index[name] = r.at
-        self._used += r.at.length
-        self._live[r.at.segment] += r.at.length
-
-    def _unplace(self, r: Record) -> None:
-        """Replay a DEAD: it retires the entry only at the location it names."""
-        name = _name(r.key, r.kind)
-        if self._index.get(name) == r.at:
-            self._index.pop(name)
-            self._used -= r.at.length
-            self._live[r.at.segment] -= r.at.length
-
-    def _retire(self, name: str) -> None:
-        """Drop an entry from the index; its DEAD record goes down with the next commit."""
-        at = self._index.pop(name)
-        self._used -= at.length
-        self._live[at.segment] -= at.length
-        key, kind = _parse(name)
-        self._dead.append(Record(DEAD, key, kind, at))
-
     def _make_room(self, incoming: int) -> bool:
-        for name in list(self._index):  # least recently used first, in one pass
-            if self._used + incoming <= self._budget and self._enough_free(incoming):
-                break
-            if self._pins[name]:
-                continue
-            self._retire(name)
-            self.counters["evictions"] += 1
-        return self._used + incoming <= self._budget and self._enough_free(incoming)
+        def fits() -> bool:
+            return self._index.used + incoming <= self._budget and self._enough_free(incoming)
+
+        if fits():
+            return True
+        pinned = self._pins.__getitem__
+        self.counters["evictions"] += self._index.make_room(incoming, self._budget, pinned, fits)
+        return fits()
 
     def _enough_free(self, incoming: int) -> bool:
         if self.min_free_bytes <= 0:
@@ -243,46 +239,45 @@ class DiskTier(StoreTier):
         sizes = self.log.sizes
         active = max(sizes, default=0)
         for segment in sorted(s for s in sizes if s != active):
-            if self._live[segment] >= COMPACT_BELOW * sizes[segment]:
+            if self._index.live[segment] >= COMPACT_BELOW * sizes[segment]:
                 continue
             with self._lock:
-                moving = [(n, at) for n, at in self._index.items() if at.segment == segment]
+                moving = self._index.in_segment(segment)
             # No other writer runs, so the segment stays put while it is read without the lock.
-            plan = [(*_parse(name), self.log.read(at)) for name, at in moving]
+            blobs = self.log.read_many([at for _, at in moving])
+            plan = [(*parse_name(name), (b[:HEADER_BYTES], b[HEADER_BYTES:]))
+                    for (name, _), b in zip(moving, blobs, strict=True)]  # fmt: skip
             records = self.log.append(plan)
             self.log.write_records(records + self.log.carried_tombs(segment))
             with self._lock:
                 for r, (name, at) in zip(records, moving, strict=True):
-                    if self._index.get(name) == at:  # not evicted or deleted meanwhile
-                        self._place(r)
+                    if self._index.entries.get(name) == at:  # not evicted or deleted meanwhile
+                        self._index.place(name, r.at)
                 self.log.drop(segment)
-                self._live.pop(segment, None)
+                self._index.live.pop(segment, None)
             self.counters["compactions"] += 1
             return
 
-    def _migrate(self) -> None:
-        """Move a former one-file-per-entry folder into segments, oldest first."""
-        old = os.path.join(self.root, "entries")
-        if not os.path.isdir(old):
-            return
-        found = [os.path.join(d, f) for d, _, fs in os.walk(old) for f in fs]
-        for path in sorted(found, key=os.path.getmtime):
-            key, kind = _parse(os.path.basename(path))
-            with open(path, "rb") as f:
-                blob = f.read()
-            try:
-                self.put(key, kind, decode(blob, self.identity, key, kind))
-                self.counters["migrated"] += 1
-            except CorruptEntry:
-                self.counters["migration_skipped"] += 1
-            os.remove(path)
-        shutil.rmtree(old, ignore_errors=True)
-        shutil.rmtree(os.path.join(self.root, "tmp"), ignore_errors=True)
+    def _read(self, at: Location) -> tuple[bytes, bytes]:
+        """An entry's header and payload; an I/O error reads as bytes that fail verification."""
+        try:
+            return self.log.read(at)
+        except OSError:
+            return b"", b""
+
+    def _reject(self, name: str, at: Location, blob: bytes, reason: str) -> None:
+        """Quarantine an entry that failed verification, and retire it durably: a restart must
+        not offer it again. Another reader may have got there first."""
+        with self._lock:
+            if self._index.entries.get(name) == at:
+                self._quarantine(name, blob, reason)
+        with self._write_lock:
+            self._commit([])
 
     def _quarantine(self, name: str, blob: bytes, reason: str) -> None:
         path = os.path.join(self.root, "quarantine", f"{name}.{uuid.uuid4().hex[:8]}")
         with open(path, "wb") as f:
             f.write(blob)
-        self._retire(name)
+        self._index.retire(name)
         self.counters["corrupt"] += 1
         self.last_corruption = f"{name}: {reason}"

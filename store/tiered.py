@@ -297,4 +297,3 @@ class _DiskPut:
 
 Job = Callable[[], None] | _DiskPut | None
 _MAX_BATCH = 64  # a batch holds the disk tier's lock; bound how long a reader can wait
-

@@ -36,7 +36,7 @@ def files_under(path: str) -> list[str]:
 
 def where(tier: DiskTier, k: bytes, kind: Kind = Kind.KV_PAGE) -> tuple[str, int, int]:
     """The segment file, offset and length holding an entry."""
-    at = tier._index[k.hex() + (".gdn" if kind == Kind.GDN_ANCHOR else "")]
+    at = tier._index.entries[k.hex() + (".gdn" if kind == Kind.GDN_ANCHOR else "")]
     return seg_path(tier.log.folder, at.segment), at.offset, at.length
 
 

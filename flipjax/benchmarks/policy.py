@@ -113,9 +113,12 @@ def measured_rates() -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m flipjax.bench policy", description=__doc__)
-    p.add_argument("--rates", default=None,
-                   help="JSON: prefill_layout, decode_layout, throughput {layout: {prefill_tps, "
-                   "decode_tps}}, legs {to_prefill_s, to_decode_s}, optional ttft_budget_s")
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="JSON: prefill_layout, decode_layout, throughput {layout: {prefill_tps, "
+        "decode_tps}}, legs {to_prefill_s, to_decode_s}, optional ttft_budget_s",
+    )
     args = p.parse_args(argv)
     if args.rates:
         with open(args.rates) as f:

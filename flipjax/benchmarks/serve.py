@@ -83,6 +83,7 @@ async def _workload(base: str, args: argparse.Namespace) -> list[dict[str, Any]]
     systems = [f"system {i}: " + "you are a careful assistant. " * (args.system_len // 28)
                for i in range(SYSTEM_PROMPTS)]  # fmt: skip
     async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+
         async def client_loop(c: int) -> list[dict[str, Any]]:
             out = []
             for r in range(args.requests):
@@ -113,8 +114,9 @@ def main(argv: list[str] | None = None) -> None:
         store = os.path.join(folder, "store")
         proc, base = _start(args, store, log)
         try:
-            asyncio.run(_workload(base, argparse.Namespace(**{**vars(args), "requests": 1,
-                                                               "clients": 1})))  # warm-up
+            asyncio.run(
+                _workload(base, argparse.Namespace(**{**vars(args), "requests": 1, "clients": 1}))
+            )  # warm-up
             t0 = time.perf_counter()
             results = asyncio.run(_workload(base, args))
             wall = time.perf_counter() - t0
@@ -140,17 +142,24 @@ def main(argv: list[str] | None = None) -> None:
     cached = sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results)
     ttfts = [r["ttft"] for r in results]
     gaps = [g for r in results for g in r["gaps"]]
-    print(f"{len(results)} requests from {args.clients} clients in {wall:.1f} s: "
-          f"{tokens / wall:.1f} generated tok/s, {prompt / wall:.0f} prompt tok/s")
-    print(f"TTFT p50 {_pct(ttfts, .5) * 1e3:.0f} ms, p99 {_pct(ttfts, .99) * 1e3:.0f} ms; "
-          f"inter-token p50 {_pct(gaps, .5) * 1e3:.1f} ms, p99 {_pct(gaps, .99) * 1e3:.1f} ms")
+    print(
+        f"{len(results)} requests from {args.clients} clients in {wall:.1f} s: "
+        f"{tokens / wall:.1f} generated tok/s, {prompt / wall:.0f} prompt tok/s"
+    )
+    print(
+        f"TTFT p50 {_pct(ttfts, 0.5) * 1e3:.0f} ms, p99 {_pct(ttfts, 0.99) * 1e3:.0f} ms; "
+        f"inter-token p50 {_pct(gaps, 0.5) * 1e3:.1f} ms, p99 {_pct(gaps, 0.99) * 1e3:.1f} ms"
+    )
     share = ", ".join(f"{t} {n / prompt:.0%}" for t, n in tiers.items())
-    print(f"prompt tokens: {cached / prompt:.0%} reused ({share}), "
-          f"{1 - cached / prompt:.0%} computed")
+    print(
+        f"prompt tokens: {cached / prompt:.0%} reused ({share}), {1 - cached / prompt:.0%} computed"
+    )
     for name, r in (("device", device), ("host", host), ("disk", disk)):
-        print(f"TTFT of a {args.long}-token prompt: cold {cold['ttft'] * 1e3:.0f} ms, from {name} "
-              f"{r['ttft'] * 1e3:.0f} ms ({r['usage']['prompt_tokens_details']['cached_tokens']} "
-              f"cached): {cold['ttft'] / r['ttft']:.1f}x faster (target >= 10x)")
+        print(
+            f"TTFT of a {args.long}-token prompt: cold {cold['ttft'] * 1e3:.0f} ms, from {name} "
+            f"{r['ttft'] * 1e3:.0f} ms ({r['usage']['prompt_tokens_details']['cached_tokens']} "
+            f"cached): {cold['ttft'] / r['ttft']:.1f}x faster (target >= 10x)"
+        )
     print(f"mean e2e {statistics.mean(r['seconds'] for r in results):.2f} s per request")
 
 
