@@ -4,7 +4,8 @@ Benchmarks: `engine` (flipjax vs transformers, prefill and decode), `store` (sto
 file I/O), `flip` (a live layout flip vs a plain copy and vs a restart), `serve` (the HTTP
 server under concurrent clients; cold vs stored-prefix TTFT), `requests` (structured output
 and parallel choices against their peers), `policy` (the phase policy replayed over a mixed
-trace against either static layout). Each reports ratios, since a
+trace against either static layout), `prefetch` (a stream's inter-token gaps while disk hits
+are served, reading on the engine thread vs on the store's worker). Each reports ratios, since a
 single absolute time on a shared machine means little.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHMARKS = ("engine", "store", "flip", "serve", "requests", "policy")
+BENCHMARKS = ("engine", "store", "flip", "serve", "requests", "policy", "prefetch")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.requests import main as run
     elif argv[0] == "policy":
         from flipjax.benchmarks.policy import main as run
+    elif argv[0] == "prefetch":
+        from flipjax.benchmarks.prefetch import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

@@ -15,44 +15,108 @@ from typing import Any
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m flipjax.serve", description=__doc__)
     p.add_argument("--model", default="tiny", help="HF checkpoint folder, or 'tiny' (default)")
-    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                   help="the names requests may use; responses carry the first (default: "
-                   "--model as given)")
-    p.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
-                   help="split <think>...</think> out of chat answers into reasoning_content")
-    p.add_argument("--disable-any-whitespace", action="store_true",
-                   help="structured JSON output without free whitespace between tokens")
+    p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the names requests may use; responses carry the first (default: --model as given)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=["qwen3"],
+        default=None,
+        help="split <think>...</think> out of chat answers into reasoning_content",
+    )
+    p.add_argument(
+        "--disable-any-whitespace",
+        action="store_true",
+        help="structured JSON output without free whitespace between tokens",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--layout", default=None,
-                   help="where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...]")
-    p.add_argument("--arm", action="append", default=[], metavar="LAYOUT",
-                   help="compile a layout's programs at start, so a flip to it compiles nothing")
-    p.add_argument("--phase-policy", default="manual", choices=["manual", "auto"],
-                   help="auto: flip by measured throughput between --layout (the prefill "
-                   "layout) and the one --arm layout (the decode layout)")
-    p.add_argument("--ttft-budget-s", type=float, default=None,
-                   help="auto policy: a ceiling on queued prompts' time to first token it "
-                   "respects when it weighs a flip")
-    p.add_argument("--flip-memory-headroom", type=float, default=None, metavar="GIB",
-                   help="GiB a flip may add per device on devices without memory_stats "
-                   "(the CPU); a flip that needs more is refused")
-    p.add_argument("--no-warmup", action="store_true",
-                   help="skip compiling every step shape at start (serving then compiles on "
-                   "first use of each shape)")
+    p.add_argument(
+        "--layout",
+        default=None,
+        help="where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...]",
+    )
+    p.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="LAYOUT",
+        help="compile a layout's programs at start, so a flip to it compiles nothing",
+    )
+    p.add_argument(
+        "--phase-policy",
+        default="manual",
+        choices=["manual", "auto"],
+        help="auto: flip by measured throughput between --layout (the prefill "
+        "layout) and the one --arm layout (the decode layout)",
+    )
+    p.add_argument(
+        "--ttft-budget-s",
+        type=float,
+        default=None,
+        help="auto policy: a ceiling on queued prompts' time to first token it "
+        "respects when it weighs a flip",
+    )
+    p.add_argument(
+        "--flip-memory-headroom",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="GiB a flip may add per device on devices without memory_stats "
+        "(the CPU); a flip that needs more is refused",
+    )
+    p.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip compiling every step shape at start (serving then compiles on "
+        "first use of each shape)",
+    )
     p.add_argument("--api-key", default=None, help="Bearer key the inference routes require")
-    p.add_argument("--admin-api-key", default=None,
-                   help="Bearer key for phase routes (without one they answer on loopback only)")
+    p.add_argument(
+        "--admin-api-key",
+        default=None,
+        help="Bearer key for phase routes (without one they answer on loopback only)",
+    )
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--num-pages", type=int, default=1024, help="KV pages in the device pool")
     p.add_argument("--max-running-requests", type=int, default=32)
     p.add_argument("--max-prefill-tokens", type=int, default=2048)
-    p.add_argument("--store-dir", default="~/.cache/flipjax/store",
-                   help="disk tier of the KV store ('none': host RAM only)")
+    p.add_argument(
+        "--store-dir",
+        default="~/.cache/flipjax/store",
+        help="disk tier of the KV store ('none': host RAM only)",
+    )
     p.add_argument("--host-cache-gb", type=float, default=4.0)
     p.add_argument("--disk-cache-gb", type=float, default=32.0)
-    p.add_argument("--gdn-checkpoint-interval", type=int, default=None,
-                   help="tokens between stored GDN states, a multiple of the page size "
-                   "(default: the page multiple nearest at or above 256)")
+    p.add_argument(
+        "--disk-min-free-gb",
+        type=float,
+        default=0.0,
+        help="free space the disk tier leaves on its file system, evicting to keep it",
+    )
+    p.add_argument(
+        "--remote-store",
+        default=None,
+        metavar="redis://HOST:PORT/DB",
+        help="a Redis server that servers of this model share, beneath host and disk",
+    )
+    p.add_argument(
+        "--prefetch-wait-ms",
+        type=float,
+        default=100.0,
+        help="how long a queued request may wait for its stored prefix to reach host "
+        "memory before it computes (0: never; running requests step on meanwhile)",
+    )
+    p.add_argument(
+        "--gdn-checkpoint-interval",
+        type=int,
+        default=None,
+        help="tokens between stored GDN states, a multiple of the page size "
+        "(default: the page multiple nearest at or above 256)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", default="info")
@@ -79,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         args.model, dtype=args.dtype, layout=args.layout, prefix_store=bridge, checkpoints=book,
         page_size=args.page_size, num_pages=args.num_pages,
         max_running_requests=args.max_running_requests,
-        max_prefill_tokens=args.max_prefill_tokens,
+        max_prefill_tokens=args.max_prefill_tokens, prefetch_wait_s=args.prefetch_wait_ms / 1e3,
         flip_memory_headroom=None if args.flip_memory_headroom is None
         else int(args.flip_memory_headroom * 2**30),
     )  # fmt: skip
@@ -159,17 +223,25 @@ def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any
     bridge, identity = open_store(
         cfg, weights_id, args.dtype, args.page_size, grid,
         int(args.host_cache_gb * 2**30), store_dir, int(args.disk_cache_gb * 2**30),
+        args.remote_store, int(args.disk_min_free_gb * 2**30),
     )  # fmt: skip
     where = "off" if store_dir is None else disk_folder(store_dir, identity)
+    remote = bridge.store.remote
     log.info(
-        "store: host %.1f GiB, disk %s (%.1f GiB), GDN state every %d tokens",
-        args.host_cache_gb, where, args.disk_cache_gb, grid,
+        "store: host %.1f GiB, disk %s (%.1f GiB, %.1f GiB kept free), remote %s, GDN state "
+        "every %d tokens", args.host_cache_gb, where, args.disk_cache_gb, args.disk_min_free_gb,
+        "off" if remote is None else f"{remote.url} ({'up' if remote.available else 'down'})",
+        grid,
     )  # fmt: skip
     book = open_checkpoints(bridge, identity, store_dir)
     log.info(
         "session checkpoints: %d loaded from %s", len(book.list()), book.folder or "memory only"
     )
-    return bridge, book, StoreControl(identity.digest(), None if store_dir is None else where)
+    control = StoreControl(
+        identity.digest(), None if store_dir is None else where,
+        int(args.disk_min_free_gb * 2**30),
+    )  # fmt: skip
+    return bridge, book, control
 
 
 if __name__ == "__main__":

@@ -43,6 +43,6 @@ def create_app(
     app.router.on_shutdown.append(loop.close)
     install_handlers(app)
     for router in (info.router, info.guarded, completions.router, chat.router, sessions.router,
-                   admin.router, store.router):  # fmt: skip
+                   admin.router, store.router, store.clear_router):  # fmt: skip
         app.include_router(router)
     return app

@@ -101,10 +101,14 @@ class EngineLoop:
     # -- the loop thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        idle = False  # the last step planned nothing: its queue's head awaits the store
         while not self._stop.is_set():
             busy = self.engine.has_unfinished()
             try:
-                command = self._commands.get(block=not busy, timeout=None)
+                if busy and idle:  # sleep a little instead of spinning; a command wakes it
+                    command = self._commands.get(timeout=_IDLE_S)
+                else:
+                    command = self._commands.get(block=not busy, timeout=None)
             except queue.Empty:
                 command = None
             while command is not None:
@@ -113,8 +117,11 @@ class EngineLoop:
                     command = self._commands.get_nowait()
                 except queue.Empty:
                     command = None
+            idle = False
             if self.engine.has_unfinished():
                 self._step()
+                last = self.engine.last_step
+                idle = last is not None and not (last.prefill_tokens or last.decode_rows)
 
     def _admit(
         self,
@@ -183,3 +190,6 @@ class EngineLoop:
             autopilot.counters["errors"] += 1
             autopilot.governor.failed(f"policy error: {err}", autopilot.clock())
             log.error("phase policy: %s", err)
+
+
+_IDLE_S = 0.002  # how long an idle loop sleeps between looks at the store

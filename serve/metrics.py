@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from flipjax.engine.engine import Engine, Output
 
-TIERS = ("device", "host", "disk")
+TIERS = ("device", "host", "disk", "remote")
 RELIEF_STEPS = ("evicted", "throttled", "retracted", "parked")
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -70,6 +70,10 @@ class Metrics:
             "flipjax:store_events", "KV store counters, by tier and event", ["tier", "event"],
             registry=r,
         )  # fmt: skip
+        self.store_up = Gauge(
+            "flipjax:store_tier_available", "Whether a store tier answers (the remote one can be "
+            "down: its calls are skipped until a backoff passes)", ["tier"], registry=r,
+        )  # fmt: skip
         self.flips = Counter("flipjax:flips", "Layout flips", ["direction"], registry=r)
         self.flip_seconds = Counter("flipjax:flip_seconds", "Time spent flipping", registry=r)
         self.flip_parts = Histogram(
@@ -121,7 +125,10 @@ class Metrics:
         stats = engine.prefix_store.stats() if engine.prefix_store is not None else {}
         for tier, counters in stats.items():
             for event, total in counters.items():
-                self._advance(self.store.labels(tier, event), total)
+                if event == "available":
+                    self.store_up.labels(tier).set(total)
+                else:
+                    self._advance(self.store.labels(tier, event), total)
         flips = engine.layouts.flips
         for record in flips[self._flips_seen :]:
             self.flips.labels(record.direction).inc()

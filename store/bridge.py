@@ -2,7 +2,9 @@
 
 It turns canonical arrays into payloads and keys and back. A fetch looks the prefix up under
 the hybrid rule, reads every KV page first and the GDN state last, and returns nothing unless
-all of them verified: a missing state can never look like a complete seed.
+all of them verified: a missing state can never look like a complete seed. Fetches read host
+memory only, what a prefetch brought there; `sync_reads` makes them read every tier in place,
+the behaviour before prefetching, kept to measure against.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import numpy as np
 from store.entry import Kind
 from store.keys import page_keys
 from store.payload import PayloadLayout
-from store.prefix import FetchedPrefix
-from store.tiered import TieredStore
+from store.prefix import FetchedPrefix, Prefetch
+from store.tiered import ORDER, TieredStore
 
 
 class KeyChains:
@@ -52,32 +54,39 @@ class KeyChains:
 
 
 class StoreBridge:
-    def __init__(self, store: TieredStore, layout: PayloadLayout):
+    def __init__(self, store: TieredStore, layout: PayloadLayout, sync_reads: bool = False):
         self.store = store
         self.layout = layout
+        self.sync_reads = sync_reads
         self.page_size = store.page_size
         self.gdn_interval = store.gdn_interval
         self._chains = KeyChains(store.root, store.page_size)
 
     def fetch(self, token_ids: list[int], start: int = 0) -> FetchedPrefix | None:
-        found = self.store.lookup(token_ids)
+        resident = not self.sync_reads
+        found = self.store.lookup(token_ids, resident=resident)
         if found.tokens <= start:
             return None
         pages, tiers = [], set()
         for key in found.page_keys[start // self.page_size :]:
-            payload, tier = self.store.get_from(key, Kind.KV_PAGE)
+            payload, tier = self.store.get_from(key, Kind.KV_PAGE, resident)
             if payload is None:
                 return None
             pages.append(self.layout.decode_kv(payload))
             tiers.add(tier)
-        state, tier = self.store.get_from(found.anchor_key, Kind.GDN_ANCHOR)
+        state, tier = self.store.get_from(found.anchor_key, Kind.GDN_ANCHOR, resident)
         if state is None:
             return None
         tiers.add(tier)
         rec, conv = self.layout.decode_gdn(state)
-        # A prefix that needed the disk anywhere counts as a disk hit: that is its cost.
-        where = "disk" if "disk" in tiers else "host"
+        # A prefix that needed a lower tier anywhere counts as that tier's hit: that is its cost.
+        where = max(tiers, key=ORDER.index)
         return FetchedPrefix(found.tokens, np.stack(pages), rec, conv, start, where)
+
+    def prefetch(self, token_ids: list[int]) -> Prefetch | None:
+        if self.sync_reads or (self.store.disk is None and self.store.remote is None):
+            return None
+        return self.store.prefetch(token_ids)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return self.store.stats()

@@ -25,9 +25,9 @@ from collections import Counter
 
 from store.backend import Pins, StoreTier
 from store.disk_index import DiskIndex
-from store.disk_migration import migrate_entries, parse_name
+from store.disk_migration import migrate_entries
 from store.entry import HEADER_BYTES, CorruptEntry, Kind, header, verify
-from store.keys import entry_name
+from store.keys import entry_name, parse_name
 from store.segment_log import Framed, SegmentLog
 from store.segments import PUT, Location
 
@@ -193,6 +193,22 @@ class DiskTier(StoreTier):
     def used_bytes(self) -> int:
         return self._index.used
 
+    def clear(self) -> tuple[int, int]:
+        """Retire every entry no one pins, durably, and reclaim the space: segments left with
+        nothing live go, and pinned entries are copied out of the others. Returns (removed,
+        kept because pinned)."""
+        with self._write_lock:
+            with self._lock:
+                gone = [n for n in self._index.entries if not self._pins[n]]
+                for name in gone:
+                    self._index.retire(name)
+            self._commit([])
+            self.log.seal()  # the active segment becomes reclaimable too
+            while self._compact_one():
+                pass
+        self.counters["cleared"] += len(gone)
+        return len(gone), len(self._index.entries)
+
     def footprint(self) -> int:
         """Bytes the segments take on disk, dead ones included until compaction."""
         with self._lock:
@@ -233,7 +249,7 @@ class DiskTier(StoreTier):
             return True
         return shutil.disk_usage(self.root).free - incoming >= self.min_free_bytes
 
-    def _compact_one(self) -> None:
+    def _compact_one(self) -> bool:
         """Reclaim one sealed segment that is mostly dead: copy its live entries forward, then
         drop its files. Holds the write lock; readers see old or new locations, both whole."""
         sizes = self.log.sizes
@@ -256,7 +272,8 @@ class DiskTier(StoreTier):
                 self.log.drop(segment)
                 self._index.live.pop(segment, None)
             self.counters["compactions"] += 1
-            return
+            return True
+        return False
 
     def _read(self, at: Location) -> tuple[bytes, bytes]:
         """An entry's header and payload; an I/O error reads as bytes that fail verification."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
-from store.disk_migration import parse_name
+from store.keys import parse_name
 from store.segments import DEAD, Location, Record
 
 

@@ -9,26 +9,23 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Protocol
 
 from store.entry import CorruptEntry, Kind, decode
-
-if TYPE_CHECKING:
-    from store.disk import DiskTier
+from store.keys import parse_name
 
 BATCH = 64
 
 
-def parse_name(name: str) -> tuple[bytes, Kind]:
-    """The key and kind an entry's file name (`store.keys.entry_name`) stands for."""
-    kind = Kind.GDN_ANCHOR if name.endswith(".gdn") else Kind.KV_PAGE
-    key = bytes.fromhex(name.removesuffix(".gdn"))
-    if len(key) != 32:
-        raise ValueError(f"{name}: not a 32-byte key")
-    return key, kind
+class Destination(Protocol):
+    identity: bytes
+    counters: Counter[str]
+
+    def put_many(self, items: list[tuple[bytes, Kind, bytes]]) -> list[bool]: ...
 
 
-def migrate_entries(tier: DiskTier, folder: str) -> None:
+def migrate_entries(tier: Destination, folder: str) -> None:
     if not os.path.isdir(folder):
         return
     found = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs]

@@ -96,6 +96,16 @@ class HostTier(StoreTier):
         with self._lock:
             self._pins.release((key, kind), f"host: unpin of {key.hex()[:16]} ({kind.name})")
 
+    def clear(self) -> tuple[int, int]:
+        """Drop every entry no one pins (an operator's clear; nothing is written back). Returns
+        (removed, kept because pinned)."""
+        with self._lock:
+            gone = [n for n in self._entries if not self._pins[n]]
+            for name in gone:
+                self._used -= len(self._entries.pop(name))
+            self.counters["cleared"] += len(gone)
+            return len(gone), len(self._entries)
+
     def _make_room(self, incoming: int, evicted: list[tuple[Name, bytes]]) -> bool:
         if incoming > self._budget:
             return False

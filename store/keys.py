@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from store.entry import Kind
+
 KEY_BYTES = 32
 _ROOT_TAG = b"flipjax.store.root.v1"
 _GDN_SUFFIX = ".gdn"
@@ -91,6 +93,16 @@ def page_keys(root: bytes, token_ids: list[int], page_size: int) -> list[bytes]:
 def entry_name(key: bytes, gdn: bool = False) -> str:
     """File-system-safe name of an entry: the key in hex, `.gdn` for a GDN anchor."""
     return key.hex() + (_GDN_SUFFIX if gdn else "")
+
+
+def parse_name(name: str) -> tuple[bytes, Kind]:
+    """The key and kind an entry's name (`entry_name`) stands for; ValueError for anything
+    else."""
+    kind = Kind.GDN_ANCHOR if name.endswith(_GDN_SUFFIX) else Kind.KV_PAGE
+    key = bytes.fromhex(name.removesuffix(_GDN_SUFFIX))
+    if len(key) != 32:
+        raise ValueError(f"{name}: not a 32-byte key")
+    return key, kind
 
 
 def files_fingerprint(folder: str, sample: int = 1 << 16) -> str:

@@ -16,6 +16,7 @@ from store.disk import DiskTier
 from store.host import HostTier
 from store.keys import ModelIdentity, root_key
 from store.payload import PayloadLayout
+from store.remote import RedisTier
 from store.tiered import TieredStore
 
 
@@ -32,14 +33,22 @@ def open_store(
     host_bytes: int,
     store_dir: str | None,
     disk_bytes: int,
+    remote_url: str | None = None,
+    disk_min_free_bytes: int = 0,
 ) -> tuple[StoreBridge, ModelIdentity]:
-    """A tiered store (host, plus disk when `store_dir` is set and `disk_bytes` > 0) behind a
-    bridge the engine can seed from and publish to."""
+    """A tiered store (host, plus disk when `store_dir` is set and `disk_bytes` > 0, plus a
+    shared Redis tier at `remote_url`) behind a bridge the engine can seed from and publish
+    to."""
     identity = ModelIdentity.create(cfg.to_dict(), weights_id, kv_dtype, page_size)
     disk = None
     if store_dir is not None and disk_bytes > 0:
-        disk = DiskTier(disk_folder(store_dir, identity), identity.digest(), disk_bytes)
-    store = TieredStore(root_key(identity), page_size, gdn_interval, HostTier(host_bytes), disk)
+        disk = DiskTier(
+            disk_folder(store_dir, identity), identity.digest(), disk_bytes, disk_min_free_bytes
+        )
+    remote = RedisTier(remote_url, identity.digest()) if remote_url else None
+    store = TieredStore(
+        root_key(identity), page_size, gdn_interval, HostTier(host_bytes), disk, remote=remote
+    )
     return StoreBridge(store, PayloadLayout.for_model(cfg, page_size, kv_dtype)), identity
 
 

@@ -5,7 +5,8 @@ above) is typed against this protocol only, so any store with these methods can 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -21,7 +22,16 @@ class FetchedPrefix:
     recurrent: np.ndarray  # [gdn_layers, v_heads, dk, dv]
     conv: np.ndarray  # [gdn_layers, kernel - 1, conv_dim]
     start: int = 0  # tokens the caller already had (a multiple of the page size)
-    tier: str = "host"  # the slowest tier the prefix was read from: "host" or "disk"
+    tier: str = "host"  # the slowest tier the prefix came from: "host", "disk" or "remote"
+
+
+@dataclass
+class Prefetch:
+    """A prefix being brought into host memory in the background: `done` is set once it is
+    there (or could not be), and `tokens` is then how many tokens the store held."""
+
+    tokens: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 class PrefixStore(Protocol):
@@ -29,8 +39,13 @@ class PrefixStore(Protocol):
     gdn_interval: int
 
     def fetch(self, token_ids: list[int], start: int = 0) -> FetchedPrefix | None:
-        """The deepest usable prefix of `token_ids` if it is longer than `start` tokens, fully
-        verified (only pages from `start` on are read), or None."""
+        """The deepest usable prefix of `token_ids` in host memory if it is longer than `start`
+        tokens, fully verified (only pages from `start` on are read), or None. It never waits
+        on a disk or the network."""
+
+    def prefetch(self, token_ids: list[int]) -> Prefetch | None:
+        """Start bringing the stored prefix of `token_ids` into host memory (None: nothing to
+        bring, every entry is in host memory already)."""
 
     def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
         """Store full pages `first_page...` of `token_ids` (kv holds one entry per page)."""

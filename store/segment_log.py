@@ -65,6 +65,12 @@ class SegmentLog:
             open(seg_path(self.folder, active), "ab").close()
         return active
 
+    def seal(self) -> None:
+        """Start a new segment for the next append, so the current one can be compacted."""
+        if self.sizes and self.sizes[max(self.sizes)] > 0:
+            self.sizes[max(self.sizes) + 1] = 0
+            open(seg_path(self.folder, max(self.sizes)), "ab").close()
+
     def append(self, plan: list[tuple[bytes, Kind, Framed]]) -> list[Record]:
         """Write framed entries (header, payload) at the segments' ends and make them durable
         (one barrier); their PUT records, not yet written. What a failure left in a file is

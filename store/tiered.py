@@ -1,10 +1,15 @@
-"""The tiered store: host RAM in front of an optional disk tier, with background disk I/O.
+"""The tiered store: host RAM in front of an optional disk tier and an optional shared remote
+tier (Redis), with every disk and network operation on background workers.
 
-Reads go host first, then disk; a disk hit is promoted into the host tier. Writes land in the
-host tier at once and reach the disk through a bounded queue served by a worker thread, either
-right away (write-through, the default) or when the host tier evicts them (write-back). The
-serving loop never waits on the disk to write: a full queue refuses the job and counts it.
-`prefetch` warms the host tier with a looked-up prefix in the background.
+Writes land in the host tier at once. They reach the disk through a bounded queue, right away
+(write-through, the default) or when the host tier evicts them (write-back), and the remote
+tier through the same queue, always write-through: it is there to be shared. A full queue
+refuses the job and counts it; the serving loop never waits on a write.
+
+Reads by the serving loop are `resident`: host memory only. `prefetch` looks a prompt's prefix
+up in every tier and promotes what the host lacks, on a second worker, so that a later resident
+read finds it; the ticket it returns says when, and how many tokens it found. A promoted entry
+remembers the tier it came from until its first read, so hits are counted where they cost.
 
 The disk tier can be attached, detached (its files stay) and resized while serving. Every path
 is counted; `stats()` reports the store's counters and each tier's, and a gate that never ran
@@ -13,11 +18,8 @@ reads `checked: 0` rather than nothing.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from flipjax.runtime.hybrid import check_interval, is_grid_page, usable_prefix
 from store.backend import Pins
@@ -25,15 +27,12 @@ from store.disk import DiskTier
 from store.entry import Kind
 from store.host import HostTier
 from store.keys import page_keys
+from store.prefix import Prefetch
+from store.promote import Lookup, Name, Origins, promote
+from store.remote import RedisTier
+from store.worker import TierPut, Worker
 
-
-@dataclass(frozen=True)
-class Lookup:
-    """A store lookup: `tokens` usable tokens, with the keys a fetch needs."""
-
-    tokens: int
-    page_keys: tuple[bytes, ...]  # one per usable page
-    anchor_key: bytes | None  # the GDN anchor at `tokens` (None when nothing is usable)
+ORDER = ("host", "disk", "remote")  # nearest first
 
 
 class TieredStore:
@@ -46,6 +45,7 @@ class TieredStore:
         disk: DiskTier | None = None,
         write_back: bool = False,
         queue_size: int = 1024,
+        remote: RedisTier | None = None,
     ):
         check_interval(gdn_interval, page_size)
         self.root = root
@@ -53,46 +53,55 @@ class TieredStore:
         self.gdn_interval = gdn_interval
         self.host = host
         self.disk = disk
+        self.remote = remote
         self.write_back = write_back
         self.counters: Counter[str] = Counter()
-        self._queue: queue.Queue[Job] = queue.Queue(queue_size)
         self._lock = threading.Lock()
         self._pins = Pins()  # by session checkpoints
         self._host_pins = Pins()  # those the host tier took
+        self.origins = Origins()
         host.on_evict = self._on_host_evict
-        self._worker = threading.Thread(target=self._work, name="flipjax-store", daemon=True)
-        self._worker.start()
+        self.writes = Worker("write", self.counters, self._lock, queue_size)
+        self.reads = Worker("read", self.counters, self._lock, queue_size)
 
     # -- entries --------------------------------------------------------------------------------
 
     def put(self, key: bytes, kind: Kind, payload: bytes) -> None:
-        """Publish an entry: host now, disk in the background (or on eviction, write-back)."""
+        """Publish an entry: host now; disk and remote in the background."""
         self._count("puts")
         in_host = self.host.put(key, kind, payload)
-        disk = self.disk
+        disk, remote = self.disk, self.remote
         if disk is not None and (not self.write_back or not in_host):
-            self._submit(_DiskPut(disk, key, kind, payload))
+            self.writes.submit(TierPut(disk, key, kind, payload))
+        if remote is not None:
+            self.writes.submit(TierPut(remote, key, kind, payload))
 
     def get(self, key: bytes, kind: Kind) -> bytes | None:
-        """The verified payload from the nearest tier; a disk hit is promoted to host."""
+        """The verified payload from the nearest tier; a lower tier's hit is promoted to host."""
         return self.get_from(key, kind)[0]
 
-    def get_from(self, key: bytes, kind: Kind) -> tuple[bytes | None, str | None]:
-        """`get`, and the tier that answered ("host" or "disk"; None for a miss)."""
+    def get_from(
+        self, key: bytes, kind: Kind, resident: bool = False
+    ) -> tuple[bytes | None, str | None]:
+        """`get`, and the tier the entry came from ("host", "disk", "remote"; None for a miss).
+        `resident` reads host memory only: what the serving loop may wait for."""
         payload = self.host.get(key, kind)
         if payload is not None:
-            self._count("hits_host")
-            return payload, "host"
-        disk = self.disk
-        payload = disk.get(key, kind) if disk is not None else None
-        if payload is None:
-            self._count("misses")
-            return None, None
-        self._count("hits_disk")
-        self.host.put(key, kind, payload)
-        return payload, "disk"
+            tier = self.origins.take((key, kind)) or "host"
+            self._count(f"hits_{tier}")
+            return payload, tier
+        if not resident:
+            for tier, lower in (("disk", self.disk), ("remote", self.remote)):
+                payload = lower.get(key, kind) if lower is not None else None
+                if payload is not None:
+                    self._count(f"hits_{tier}")
+                    self.host.put(key, kind, payload)
+                    return payload, tier
+        self._count("misses")
+        return None, None
 
     def where(self, key: bytes, kind: Kind) -> str | None:
+        """The nearest local tier holding the entry (the remote tier is asked in batches)."""
         if self.host.contains(key, kind):
             return "host"
         disk = self.disk
@@ -102,17 +111,29 @@ class TieredStore:
 
     # -- prefixes -------------------------------------------------------------------------------
 
-    def lookup(self, token_ids: list[int]) -> Lookup:
-        """The usable prefix of `token_ids` under the hybrid rule, and the keys to fetch it."""
+    def lookup(self, token_ids: list[int], resident: bool = False) -> Lookup:
+        """The usable prefix of `token_ids` under the hybrid rule, and the keys to fetch it:
+        in host memory when `resident`, else in any tier (the remote one asked in one batch)."""
         self._count("lookups")
         keys = page_keys(self.root, token_ids, self.page_size)
+        remote = self.remote if not resident else None
+        elsewhere: set[Name] = set()
+        if remote is not None:
+            grid = self.anchor_pages(len(keys) * self.page_size)
+            names = [(k, Kind.KV_PAGE) for k in keys] + [(keys[i], Kind.GDN_ANCHOR) for i in grid]
+            names = [n for n in names if self.where(*n) is None]
+            held = remote.contains_many(names)
+            elsewhere = {n for n, hit in zip(names, held, strict=True) if hit}
+
+        def has(key: bytes, kind: Kind) -> bool:
+            if resident:
+                return self.host.contains(key, kind)
+            return self.where(key, kind) is not None or (key, kind) in elsewhere
+
         tokens = usable_prefix(
-            len(keys),
-            self.page_size,
-            self.gdn_interval,
-            lambda i: self.where(keys[i], Kind.KV_PAGE) is not None,
-            lambda i: self.where(keys[i], Kind.GDN_ANCHOR) is not None,
-        )
+            len(keys), self.page_size, self.gdn_interval,
+            lambda i: has(keys[i], Kind.KV_PAGE), lambda i: has(keys[i], Kind.GDN_ANCHOR),
+        )  # fmt: skip
         pages = tokens // self.page_size
         if pages:
             self._count("lookup_hits")
@@ -124,17 +145,19 @@ class TieredStore:
         pages = num_tokens // self.page_size
         return [i for i in range(pages) if is_grid_page(i, self.page_size, self.gdn_interval)]
 
-    def prefetch(self, found: Lookup) -> None:
-        """Bring a looked-up prefix into the host tier in the background."""
-        disk = self.disk
-        if disk is None:
-            return
-        wanted = [(k, Kind.KV_PAGE) for k in found.page_keys]
-        if found.anchor_key is not None:
-            wanted.append((found.anchor_key, Kind.GDN_ANCHOR))
-        for key, kind in wanted:
-            if not self.host.contains(key, kind):
-                self._submit(lambda key=key, kind=kind: self._promote(disk, key, kind))
+    def prefetch(self, token_ids: list[int]) -> Prefetch:
+        """Find the stored prefix of `token_ids` and bring what the host lacks into it, in the
+        background; the ticket is done when the entries are there (or could not be)."""
+        ticket = Prefetch()
+        if self.remote is None:  # the local indexes answer at once; only reads go to the worker
+            found = self.lookup(token_ids)
+            ticket.tokens = found.tokens
+            if all(self.host.contains(*n) for n in found.wanted()):
+                ticket.done.set()
+                return ticket
+        if not self.reads.submit(lambda: self._prefetch(list(token_ids), ticket)):
+            ticket.done.set()
+        return ticket
 
     # -- runtime control ------------------------------------------------------------------------
 
@@ -158,6 +181,12 @@ class TieredStore:
                         disk.unpin(key, kind)
         return disk
 
+    def resize_disk(self, budget_bytes: int) -> None:
+        if self.disk is None:
+            raise RuntimeError("disk tier: none is attached")
+        self.flush()
+        self.disk.resize(budget_bytes)
+
     # -- pins -----------------------------------------------------------------------------------
 
     def pin(self, key: bytes, kind: Kind) -> None:
@@ -180,9 +209,13 @@ class TieredStore:
             if self.disk is not None:
                 self.disk.unpin(key, kind)
 
+    def pinned(self, key: bytes, kind: Kind) -> int:
+        with self._lock:
+            return self._pins[(key, kind)]
+
     def delete(self, key: bytes, kind: Kind) -> bool:
-        """Remove an entry from every tier, pinned or not: an operator's removal, or a lost
-        file. A checkpoint that needs it then refuses to branch, naming it."""
+        """Remove an entry from every local tier, pinned or not: an operator's removal, or a
+        lost file. A checkpoint that needs it then refuses to branch, naming it."""
         self.flush()  # a queued write must not bring it back
         removed = self.host.delete(key, kind, force=True)
         disk = self.disk
@@ -191,32 +224,45 @@ class TieredStore:
         self._count("deleted" if removed else "delete_missing")
         return removed
 
-    def pinned(self, key: bytes, kind: Kind) -> int:
-        with self._lock:
-            return self._pins[(key, kind)]
-
-    def resize_disk(self, budget_bytes: int) -> None:
-        if self.disk is None:
-            raise RuntimeError("disk tier: none is attached")
+    def clear(self, remote: bool = False) -> dict[str, dict[str, int]]:
+        """Drop every entry no session checkpoint pins from host and disk (and this model's
+        entries from the remote tier when `remote`), safe while serving: queued writes land
+        first, so none brings an entry back, and a read finds an entry whole or not at all."""
         self.flush()
-        self.disk.resize(budget_bytes)
+        out: dict[str, dict[str, int]] = {}
+        removed, kept = self.host.clear()
+        out["host"] = {"removed": removed, "kept_pinned": kept}
+        self.origins.clear()
+        if self.disk is not None:
+            removed, kept = self.disk.clear()
+            out["disk"] = {"removed": removed, "kept_pinned": kept}
+        if remote and self.remote is not None:
+            out["remote"] = {"removed": self.remote.clear()}
+        self._count("clears")
+        return out
 
     def flush(self) -> None:
-        """Wait until every queued disk job has run."""
-        self._queue.join()
+        """Wait until every queued write, then every queued prefetch, has run."""
+        self.writes.flush()
+        self.reads.flush()
 
     def close(self) -> None:
-        self.flush()
-        self._queue.put(None)
-        self._worker.join()
+        self.reads.close()
+        self.writes.close()
+        if self.remote is not None:
+            self.remote.close()
 
     def stats(self) -> dict[str, dict[str, int]]:
         tiers = {"store": self.counters, "host": self.host.counters}
-        if self.disk is not None:
-            tiers["disk"] = self.disk.counters
-        out = {name: dict(c) for name, c in tiers.items()}
+        for name, tier in (("disk", self.disk), ("remote", self.remote)):
+            if tier is not None:
+                tiers[name] = tier.counters
+        with self._lock:
+            out = {name: dict(c) for name, c in tiers.items()}
         for c in out.values():
             c.setdefault("checked", 0)
+        if self.remote is not None:
+            out["remote"]["available"] = int(self.remote.available)
         return out
 
     # -- internals ------------------------------------------------------------------------------
@@ -225,75 +271,21 @@ class TieredStore:
         with self._lock:
             self.counters[name] += n
 
-    def _submit(self, job: Job) -> None:
+    def _prefetch(self, token_ids: list[int], ticket: Prefetch) -> None:
+        """On the read worker: look up in every tier, then promote what the host lacks."""
         try:
-            self._queue.put_nowait(job)
-            self._count("queued")
-        except queue.Full:
-            self._count("queue_full")
-
-    def _promote(self, disk: DiskTier, key: bytes, kind: Kind) -> None:
-        payload = disk.get(key, kind)
-        if payload is not None:
-            self.host.put(key, kind, payload)
-            self._count("prefetched")
+            found = self.lookup(token_ids)
+            lowers = [(n, t) for n, t in (("disk", self.disk), ("remote", self.remote)) if t]
+            promoted, _ = promote(found.wanted(), self.host, lowers, self.origins)
+            with self._lock:
+                for tier, n in promoted.items():
+                    self.counters[f"prefetched_{tier}"] += n
+            ticket.tokens = found.tokens
+        finally:
+            ticket.done.set()
 
     def _on_host_evict(self, key: bytes, kind: Kind, payload: bytes) -> None:
+        self.origins.take((key, kind))
         disk = self.disk
         if self.write_back and disk is not None:
-            self._submit(_DiskPut(disk, key, kind, payload))
-
-    def _work(self) -> None:
-        """Run queued jobs; consecutive disk puts to one tier go down as one group commit."""
-        while True:
-            jobs = [self._queue.get()]
-            while isinstance(jobs[-1], _DiskPut) and len(jobs) < _MAX_BATCH:
-                try:
-                    jobs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                self._run(jobs)
-            finally:
-                for _ in jobs:
-                    self._queue.task_done()
-            if jobs[-1] is None:
-                return
-
-    def _run(self, jobs: list[Job]) -> None:
-        batch: list[_DiskPut] = []
-        for job in [*jobs, None]:
-            if isinstance(job, _DiskPut) and (not batch or batch[0].disk is job.disk):
-                batch.append(job)
-                continue
-            if batch:
-                self._guarded(lambda b=batch: b[0].disk.put_many([p.item for p in b]))
-                batch = []
-            if isinstance(job, _DiskPut):
-                batch.append(job)
-            elif job is not None:
-                self._guarded(job)
-
-    def _guarded(self, job: Callable[[], object]) -> None:
-        try:
-            job()
-        except Exception:  # a failed disk job must not kill the worker; count it
-            self._count("job_errors")
-
-
-@dataclass(frozen=True)
-class _DiskPut:
-    """A queued disk write; the worker batches consecutive ones into one `put_many`."""
-
-    disk: DiskTier
-    key: bytes
-    kind: Kind
-    payload: bytes
-
-    @property
-    def item(self) -> tuple[bytes, Kind, bytes]:
-        return self.key, self.kind, self.payload
-
-
-Job = Callable[[], None] | _DiskPut | None
-_MAX_BATCH = 64  # a batch holds the disk tier's lock; bound how long a reader can wait
+            self.writes.submit(TierPut(disk, key, kind, payload))

@@ -5,6 +5,8 @@ attached again while serving."""
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 
 from serve.metrics import TIERS
@@ -27,13 +29,15 @@ def hits(base: str) -> dict[str, float]:
 
 
 def test_prefix_hits_from_device_host_and_disk(tmp_path):
-    flags = ("--store-dir", str(tmp_path / "store"), "--gdn-checkpoint-interval", "32", *SMALL)
+    # A queued request waits for its stored prefix however loaded the machine is.
+    flags = ("--store-dir", str(tmp_path / "store"), "--gdn-checkpoint-interval", "32", *SMALL,
+             "--prefetch-wait-ms", "30000")  # fmt: skip
     with open(tmp_path / "a.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:
         cold = complete(base)
         assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        assert hits(base) == {"device": 0, "host": 0, "disk": 0, "misses": 1}
+        assert hits(base) == {"device": 0, "host": 0, "disk": 0, "remote": 0, "misses": 1}
         for tier in ("device", "host"):
             if tier == "host":
                 r = httpx.post(f"{base}/flush_cache", timeout=30)
@@ -52,12 +56,26 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
         again = complete(base)  # a fresh device and host tier: this hit can only come from disk
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
         assert again["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
-        assert hits(base) == {"device": 0, "host": 0, "disk": 1, "misses": 0}
+        assert hits(base) == {"device": 0, "host": 0, "disk": 1, "remote": 0, "misses": 0}
         route = f"{base}/hicache/storage-backend"
         state = httpx.get(route, timeout=30).json()
         assert state["disk"]["used_bytes"] > 0
         assert state["counters"]["disk"]["hits"] >= 3  # two pages and the anchor
         folder = state["disk"]["dir"]
+
+        r = httpx.post(f"{base}/hicache/clear", json={"remote": True}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "remote"
+        r = httpx.post(f"{base}/hicache/clear", json={}, timeout=60)
+        assert r.status_code == 200, r.text
+        cleared = r.json()
+        assert cleared["cleared"]["host"]["removed"] > 0
+        # 97 tokens computed (90 of prompt, 7 generated): six pages, anchors at 32, 64 and 96
+        assert cleared["cleared"]["disk"] == {"removed": 9, "kept_pinned": 0}
+        assert cleared["disk"]["used_bytes"] == 0 and cleared["disk"]["footprint_bytes"] == 0
+        assert httpx.post(f"{base}/flush_cache", timeout=30).status_code == 200
+        cold_again = complete(base)  # nothing holds the prefix now: computed, the same tokens
+        assert cold_again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert cold_again["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
 
         r = httpx.post(f"{route}/resize", json={"disk_gb": 1e-9}, timeout=30)  # ~1 byte: evict
         assert r.status_code == 200 and r.json()["disk"]["used_bytes"] == 0
@@ -75,3 +93,14 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_store_flags_reach_the_tiers(tmp_path):
+    from flipjax.serve import _open_store, parse_args
+
+    args = parse_args(["--store-dir", str(tmp_path), "--disk-min-free-gb", "0.5",
+                       "--disk-cache-gb", "1", "--prefetch-wait-ms", "250"])  # fmt: skip
+    bridge, _, control = _open_store(args, logging.getLogger("test"))
+    assert bridge.store.disk.min_free_bytes == control.min_free_bytes == 2**29
+    assert bridge.store.remote is None and args.prefetch_wait_ms == 250
+    bridge.store.close()

@@ -38,7 +38,10 @@ def make(model, folder, host_mb: float = 64, layout: str | None = None, disk: bo
         str(folder) if disk else None, 2**30,
     )  # fmt: skip
     book = open_checkpoints(bridge, identity, str(folder) if disk else None)
-    ec = EngineConfig(page_size=PS, max_prefill_tokens=64, num_pages=256, max_running_requests=4)
+    ec = EngineConfig(
+        page_size=PS, max_prefill_tokens=64, num_pages=256, max_running_requests=4,
+        prefetch_wait_s=30,  # a restored prefix is always read, however loaded the machine
+    )  # fmt: skip
     return Engine(model, ByteTokenizer(), "tiny", jnp.float32, ec, bridge, layout, book)
 
 

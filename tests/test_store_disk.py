@@ -281,3 +281,17 @@ def test_a_per_file_store_folder_is_migrated(tmp_path):
     assert tier.counters["migrated"] == 3 and tier.counters["migration_skipped"] == 1
     assert all(tier.get(key(i), Kind.KV_PAGE) == payload_for(key(i)) for i in range(3))
     assert not (tmp_path / "entries").exists()
+
+
+def test_clear_keeps_what_is_pinned_and_stays_cleared_after_a_restart(tmp_path):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    tier.put_many([(key(i), Kind.KV_PAGE, payload_for(key(i))) for i in range(30)])
+    tier.pin(key(7), Kind.KV_PAGE)
+    before = tier.footprint()
+    assert tier.clear() == (29, 1)
+    assert tier.footprint() < before // 10  # the space came back, not just the index
+    assert tier.get(key(7), Kind.KV_PAGE) == payload_for(key(7))
+    assert tier.get(key(8), Kind.KV_PAGE) is None
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert [k for k, _ in again.entries()] == [key(7)]
+    assert again.get(key(7), Kind.KV_PAGE) == payload_for(key(7))

@@ -3,6 +3,8 @@ token-identical results (straight-through generation is the reference)."""
 
 from __future__ import annotations
 
+import threading
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -40,11 +42,24 @@ def open_store(model, folder: str) -> StoreBridge:
     return StoreBridge(store, PayloadLayout.for_model(model.cfg, PS, "float32"))
 
 
-def make(model, bridge=None, layout: str | None = None, **options) -> Engine:
-    ec = EngineConfig(page_size=PS, max_prefill_tokens=48, **options)
+def make(model, bridge=None, layout: str | None = None, max_prefill_tokens=48, **options):
+    ec = EngineConfig(page_size=PS, max_prefill_tokens=max_prefill_tokens, **options)
     return Engine(
         model, ByteTokenizer(), "tiny", jnp.float32, ec, prefix_store=bridge, layout=layout
     )
+
+
+def generate_after_prefetch(engine: Engine, prompts, sampling) -> list:
+    """`generate`, letting every request's prefetch land before the first step, so that the
+    seeds come from host memory at admission (the race with the prefetch is taken out)."""
+    ids = [engine.add_request(p, s) for p, s in zip(prompts, sampling, strict=True)]
+    for rid in ids:
+        ticket = engine.requests[rid].prefetch
+        assert ticket is not None and ticket.done.wait(30)
+    done = {}
+    while len(done) < len(ids):
+        done.update((o.request_id, o) for o in engine.step())
+    return [done[i] for i in ids]
 
 
 def test_store_hits_are_token_identical_across_a_restart(model, tmp_path):
@@ -62,11 +77,99 @@ def test_store_hits_are_token_identical_across_a_restart(model, tmp_path):
     restarted = open_store(model, str(tmp_path))  # new store objects over the same folder
     assert restarted.store.host.used_bytes == 0
     engine = make(model, restarted, num_pages=64)  # other pool sizes, other page ids
-    again = engine.generate([PROMPT, PROMPT], sampling=params)
+    again = generate_after_prefetch(engine, [PROMPT, PROMPT], params)
     # 100 prompt tokens (+ generated ones published too): deepest grid point below 100 is 96
     assert [o.cached_tokens for o in again] == [96, 96]
     assert [o.token_ids for o in again] == [o.token_ids for o in straight]
     assert restarted.store.stats()["store"]["hits_disk"] > 0
+    assert engine.prefix_counters["hits_disk"] == 1  # the second rode on the first's promotion
+    engine.check()
+    restarted.store.close()
+
+
+def test_no_step_reads_the_disk(model, tmp_path):
+    """With the store's reader held up, a request whose prefix is on disk waits its bounded
+    `prefetch_wait_s`, then computes, and not one disk read happens on the engine's thread;
+    reading in place (the former behaviour) is the contrast."""
+    straight = make(model).generate([PROMPT], max_new_tokens=8)[0]
+    bridge = open_store(model, str(tmp_path))
+    make(model, bridge).generate([PROMPT], max_new_tokens=8)
+    bridge.store.close()
+
+    held = open_store(model, str(tmp_path))
+    gate = threading.Event()
+    held.store.reads.submit(gate.wait)  # the reader is busy (a slow disk, say)
+    out = make(model, held).generate([PROMPT], max_new_tokens=8)[0]
+    assert out.token_ids == straight.token_ids and out.cached_tokens == 0
+    assert held.store.disk.counters["checked"] == 0
+    gate.set()
+    held.store.close()
+
+    in_place = open_store(model, str(tmp_path))
+    in_place.sync_reads = True
+    out = make(model, in_place).generate([PROMPT], max_new_tokens=8)[0]
+    assert out.token_ids == straight.token_ids and out.cached_tokens == 96
+    assert in_place.store.disk.counters["checked"] > 0
+    in_place.store.close()
+
+
+def test_the_queue_head_waits_for_its_prefetch_while_others_step(model, tmp_path):
+    """Within `prefetch_wait_s`, a request whose prefix is on its way waits at the head of the
+    queue while a running request keeps decoding; once the prefix lands it is seeded whole."""
+    straight = make(model).generate([PROMPT], max_new_tokens=8)[0]
+    bridge = open_store(model, str(tmp_path))
+    make(model, bridge).generate([PROMPT], max_new_tokens=8)
+    bridge.store.close()
+
+    restarted = open_store(model, str(tmp_path))
+    engine = make(model, restarted, prefetch_wait_s=30)
+    other = engine.requests[engine.add_request([3] * 20, SamplingParams(temperature=0))]
+    engine.step()
+    gate = threading.Event()
+    restarted.store.reads.submit(gate.wait)
+    rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=8))
+    seq = engine.requests[rid]
+    before = len(other.output_ids)
+    for _ in range(3):
+        engine.step()
+    assert len(other.output_ids) == before + 3  # the running request stepped on
+    assert seq.num_computed == 0 and engine.scheduler.counters["prefetch_waits"] == 3
+    gate.set()
+    assert seq.prefetch.done.wait(30)
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == rid:
+                assert out.token_ids == straight.token_ids and out.cached_tokens == 96
+    assert engine.prefix_counters["hits_disk"] == 1
+    engine.check()
+    restarted.store.close()
+
+
+def test_a_prefetch_that_lands_mid_prefill_is_caught_up(model, tmp_path):
+    """Admitted before its prefetch landed, a request computes its first chunks; the step after
+    the prefetch lands skips it to the stored 96 tokens, with the straight-through tokens."""
+    prompt = PROMPT[:-1] + [7]
+    straight = make(model).generate([prompt], max_new_tokens=8)[0]
+    bridge = open_store(model, str(tmp_path))
+    make(model, bridge).generate([PROMPT], max_new_tokens=8)
+    bridge.store.close()
+
+    restarted = open_store(model, str(tmp_path))
+    gate = threading.Event()
+    restarted.store.reads.submit(gate.wait)
+    engine = make(model, restarted, max_prefill_tokens=16, prefetch_wait_s=0)  # admit at once
+    seq = engine.requests[engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=8))]
+    engine.step()
+    assert seq.num_computed == 16 and seq.cached_tokens == 0
+    gate.set()
+    assert seq.prefetch.done.wait(30) and seq.prefetch.tokens == 96
+    engine.step()  # tokens 16...32 compute, then the catch-up writes 32...96 from host memory
+    assert seq.num_computed == 96 and seq.cached_tokens == 64
+    while engine.has_unfinished():
+        out = engine.step()
+    assert out[0].token_ids == straight.token_ids and out[0].cached_tokens == 64
+    assert engine.prefix_counters["catch_ups"] == 1
+    assert engine.prefix_counters["hit_tokens_disk"] == 64
     engine.check()
     restarted.store.close()
 

@@ -106,10 +106,15 @@ def test_restart_finds_what_was_committed(tmp_path):
     )
     found = again.lookup(TOKENS)
     assert found.tokens == 24
-    again.prefetch(found)
-    again.flush()
+    assert again.lookup(TOKENS, resident=True).tokens == 0  # nothing in host memory yet
+    ticket = again.prefetch(TOKENS)
+    assert ticket.done.wait(10) and ticket.tokens == 24
     assert all(again.host.contains(k, Kind.KV_PAGE) for k in found.page_keys)
-    assert again.stats()["store"]["prefetched"] == 7  # six pages and the anchor
+    assert again.stats()["store"]["prefetched_disk"] == 7  # six pages and the anchor
+    assert again.lookup(TOKENS, resident=True).tokens == 24
+    # the first read of a promoted entry counts where it came from; later ones are host hits
+    assert again.get_from(found.page_keys[0], Kind.KV_PAGE, resident=True)[1] == "disk"
+    assert again.get_from(found.page_keys[0], Kind.KV_PAGE, resident=True)[1] == "host"
     again.close()
 
 
@@ -129,9 +134,9 @@ def test_full_queue_refuses_and_counts_without_blocking(tmp_path):
     gate = threading.Event()
     disk = DiskTier(str(tmp_path), IDENTITY, 1 << 20)
     store = TieredStore(ROOT, PS, GRID, HostTier(1 << 20), disk, queue_size=2)
-    store._submit(gate.wait)  # occupy the worker
+    store.writes.submit(gate.wait)  # occupy the worker
     keys = _publish(store, TOKENS)  # 9 disk writes into a queue of 2
-    assert store.stats()["store"]["queue_full"] >= 6
+    assert store.stats()["store"]["write_queue_full"] >= 6
     assert all(store.host.contains(k, Kind.KV_PAGE) for k in keys)  # nothing lost from host
     gate.set()
     store.close()

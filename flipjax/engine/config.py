@@ -31,6 +31,10 @@ class EngineConfig:
     prefix_cache: bool = True  # keep finished requests' pages and grid states for reuse
     # Bytes a flip may add per device on devices that report no memory_stats (None: unchecked).
     flip_memory_headroom: int | None = None
+    # How long the queue's head may wait for its stored prefix to reach host memory before it
+    # is admitted and computes (catching up if the prefix lands mid-prefill); 0: never waits.
+    # Running requests step on meanwhile: no step waits on the store.
+    prefetch_wait_s: float = 0.1
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):
@@ -43,6 +47,8 @@ class EngineConfig:
                 f"{self.max_running_requests}; every running request holds a slot"
             )
 
+        if not 0 <= self.prefetch_wait_s < float("inf"):
+            raise ValueError(f"prefetch_wait_s: must be 0 or more, got {self.prefetch_wait_s}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len: must be positive, got {self.max_model_len}")
         if self.gdn_checkpoint_interval is not None:

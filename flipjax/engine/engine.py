@@ -75,7 +75,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.allocator, ec.max_running_requests, ec.max_prefill_tokens,
             chunk_grid=self.gdn_interval if moves_state else None,
-            prefix_cache=self.prefix_cache,
+            prefix_cache=self.prefix_cache, prefetch_wait_s=ec.prefetch_wait_s,
         )  # fmt: skip
         self.max_model_len = max_len = ec.model_len(self.config)
         self.runner = ModelRunner(
@@ -90,7 +90,7 @@ class Engine:
             self.runner, self.scheduler, ec.page_size, self.gdn_interval, self.prefix_cache,
             prefix_store,
         )  # fmt: skip
-        self.scheduler.on_admit = self.reuse.seed
+        self.scheduler.on_admit, self.scheduler.on_add = self.reuse.seed, self.reuse.prefetch
         self.caches = Caches(self.allocator, self.prefix_cache, self.reuse, moves_state)
         self.requests = Requests(tokenizer, self.config.vocab_size, max_len, self.scheduler)
         self.stepper = Stepper(self.runner, self.scheduler, self.reuse, tokenizer, max_len)

@@ -1,9 +1,12 @@
 """Prefix reuse: where an admitted request's prefix comes from, and where computed pages go.
 
-An admitted request starts from the deepest cached prefix of its tokens: the device prefix
-cache first (pages shared, the grid state copied into the request's slot), then the prefix
-store for whatever it holds beyond that (pages and state written into the request's own). As
-pages and grid states are computed they are offered to both, write-through. Every admission is
+A queued request's stored prefix starts on its way into host memory at once (the store's
+worker reads disk and network). An admitted request starts from the deepest cached prefix of
+its tokens: the device prefix cache first (pages shared, the grid state copied into the
+request's slot), then what the store holds in host memory beyond that (pages and state written
+into the request's own); no step waits on a disk or network read. A prefill that began before
+its prefetch landed catches up after a later chunk, skipping what the store now holds. As pages
+and grid states are computed they are offered to both, write-through. Every admission is
 counted by the tier its prefix came from, or as a miss.
 """
 
@@ -97,6 +100,45 @@ class PrefixReuse:
             self.counters[f"hit_tokens_{tier}"] += tokens
         if tier in ("host", "disk") and self.reseeded:
             self.counters["reseed_reread_tokens"] += tokens
+
+    def prefetch(self, seq: Sequence) -> None:
+        """Start bringing a queued request's stored prefix into host memory."""
+        store = self.store
+        if store is None or self._paused or seq.params.prompt_logprobs is not None:
+            return
+        seq.prefetch = store.prefetch(seq.all_ids[:-1])
+        if seq.prefetch is not None:
+            self.counters["prefetches"] += 1
+
+    def catch_up(self, seq: Sequence) -> None:
+        """After a prefill chunk: when the request's prefetch has landed with more than it has
+        computed, write the rest of the stored prefix into its pages and slot. Only pages from
+        the one being filled on are written: full ones may be shared already."""
+        ticket, store = seq.prefetch, self.store
+        if ticket is None or store is None or not ticket.done.is_set():
+            return
+        seq.prefetch = None
+        if ticket.tokens <= seq.num_computed:
+            return
+        ps = self.page_size
+        start = seq.num_computed // ps * ps
+        found = store.fetch(seq.all_ids[:-1], start)
+        if found is None or found.tokens <= seq.num_computed:
+            self.counters["catch_up_misses"] += 1
+            return
+        if not self.scheduler.reserve(seq, found.tokens):
+            self.counters["catch_up_no_room"] += 1
+            return
+        with self.runner.compiles.watch():
+            state = write_pages(self.runner.state, seq.pages[start // ps : found.tokens // ps],
+                                found.kv)  # fmt: skip
+            self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
+        gained = found.tokens - seq.num_computed
+        seq.num_computed = found.tokens
+        if not seq.output_ids:
+            seq.cached_tokens += gained
+        self.counters["catch_ups"] += 1
+        self.counters[f"hit_tokens_{found.tier}"] += gained
 
     def publish(self, seq: Sequence, start: int) -> None:
         """Offer pages completed since `start`, and a grid state, to the device prefix cache

@@ -17,6 +17,7 @@ When pages run short the scheduler climbs a relief ladder, counting every step:
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class PrefillChunk:
 class StepPlan:
     prefill: list[PrefillChunk] = field(default_factory=list)
     decode: list[Sequence] = field(default_factory=list)
+    awaits_store: bool = False  # the queue's head waits for its prefix to reach host memory
 
     @property
     def empty(self) -> bool:
@@ -58,6 +60,7 @@ class Scheduler:
         chunk_grid: int | None = None,
         on_admit: Callable[[Sequence], None] | None = None,
         prefix_cache: RadixCache | None = None,
+        prefetch_wait_s: float = 0.0,
     ):
         self.allocator = allocator
         self.pages = allocator.pages  # read only: the allocator changes who holds what
@@ -68,7 +71,9 @@ class Scheduler:
         self.chunk_grid = chunk_grid
         # Called once a request holds its slot, before its first chunk (e.g. to seed a prefix).
         self.on_admit = on_admit
+        self.on_add: Callable[[Sequence], None] | None = None  # called once a request is queued
         self.prefix_cache = prefix_cache
+        self.prefetch_wait_s = prefetch_wait_s
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: newest last
         self.counters: Counter[str] = Counter()
@@ -86,6 +91,8 @@ class Scheduler:
                 f"tokens, the pool has {self.pages.total}"
             )
         self.waiting.append(seq)
+        if self.on_add is not None:
+            self.on_add(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -96,6 +103,8 @@ class Scheduler:
             if not plan.empty:
                 return plan
             if not self.running:
+                if plan.awaits_store:
+                    return plan  # nothing to run until the head's prefix lands (or its wait ends)
                 if self.waiting:  # an empty pool that cannot admit would spin forever
                     raise RuntimeError(
                         f"scheduler: cannot admit {self.waiting[0].request_id} with no request "
@@ -161,6 +170,9 @@ class Scheduler:
         admit = self.counters["retracted"] == retracted_before
         while admit and budget > 0 and self.waiting:
             seq = self.waiting[0]
+            if self._awaits_store(seq):
+                plan.awaits_store = True
+                break
             if not self._room(seq):
                 break
             if not self._admissible(seq, len(plan.decode)):
@@ -174,6 +186,17 @@ class Scheduler:
                 self.on_admit(seq)
             budget -= self._chunks(seq, budget, plan)
         return plan
+
+    def _awaits_store(self, seq: Sequence) -> bool:
+        """Whether the queue's head waits for its prefetch, within `prefetch_wait_s` of its
+        arrival: a read is cheaper than computing, and nobody behind jumps ahead (FIFO)."""
+        ticket = seq.prefetch
+        if ticket is None or ticket.done.is_set():
+            return False
+        if time.perf_counter() - seq.arrival_time >= self.prefetch_wait_s:
+            return False
+        self.counters["prefetch_waits"] += 1  # steps the head waited through
+        return True
 
     def _room(self, seq: Sequence) -> bool:
         """Whether `seq` and its parallel choices fit beside the running requests and the

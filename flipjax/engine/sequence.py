@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from flipjax.runtime.constraint import TokenConstraint
 from flipjax.runtime.sampling import SamplingParams
+from store.prefix import Prefetch
 
 
 class Status(enum.Enum):
@@ -47,6 +48,7 @@ class Sequence:
     session_id: str | None = None  # the session this turn extends when it finishes
     chat: list[dict[str, str]] | None = None  # the chat messages the prompt was rendered from
     grammar: TokenConstraint | None = None  # allowed tokens per step (structured output)
+    prefetch: Prefetch | None = None  # its stored prefix on the way to host memory
     # Parallel choices of one prompt (n > 1) waiting for this request's prompt to be computed,
     # then forked from it; a waiting choice knows its parent.
     forks: list[Sequence] = field(default_factory=list)

@@ -67,6 +67,9 @@ class Stepper:
                     with self.runner.compiles.watch():
                         logits = _repeat(logits, pow2_bucket(len(group)))
                 finished += self.sample(logits, group)
+        partial = {id(c.seq): c.seq for c in plan.prefill if c.seq.num_pending > 1}
+        for seq in partial.values():  # after its last chunk of the step: a prefetch may have landed
+            self.reuse.catch_up(seq)
         if plan.decode:
             rows = [Row(s.all_ids[-1:], s.num_computed, s.pages, s.slot) for s in plan.decode]
             logits = self.runner.run(rows, decode=True)

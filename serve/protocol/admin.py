@@ -23,3 +23,7 @@ class AttachRequest(Strict):
 
 class ResizeRequest(Strict):
     disk_gb: float = Field(gt=0)
+
+
+class ClearRequest(Strict):
+    remote: bool = False  # also delete this model's entries from the shared remote tier

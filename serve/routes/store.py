@@ -4,8 +4,11 @@
     PUT    /hicache/storage-backend          {"disk_gb": 8, "dir"?: path}: attach a disk tier
     DELETE /hicache/storage-backend          detach (queued writes land first; files stay)
     POST   /hicache/storage-backend/resize   {"disk_gb": 2}: shrinking evicts at once
+    POST   /hicache/clear                    {"remote"?: true}: drop the stored prefixes
 
-Every change runs on the engine loop thread between two steps, so no step sees half of it.
+Every change runs on the engine loop thread between two steps, so no step sees half of it;
+a clear too, save its remote part, which runs beside the loop. A clear keeps what session
+checkpoints pin (and says how much) and leaves the device prefix cache (`/flush_cache`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from fastapi import APIRouter, Depends
 
 from serve.auth import State, require_admin
 from serve.errors import APIError, bad_request
-from serve.protocol.admin import AttachRequest, ResizeRequest
+from serve.protocol.admin import AttachRequest, ClearRequest, ResizeRequest
 from serve.state import ServerState
 from serve.store_control import StoreControl
 from store.disk import DiskTier
@@ -26,6 +29,7 @@ from store.tiered import TieredStore
 
 ROUTE = "/hicache/storage-backend"
 router = APIRouter(prefix=ROUTE, dependencies=[Depends(require_admin)], tags=["store"])
+clear_router = APIRouter(dependencies=[Depends(require_admin)], tags=["store"])
 
 
 def _store(state: ServerState) -> tuple[TieredStore, StoreControl]:
@@ -36,11 +40,15 @@ def _store(state: ServerState) -> tuple[TieredStore, StoreControl]:
 
 
 def describe(store: TieredStore) -> dict[str, Any]:
-    disk = store.disk
+    disk, remote = store.disk, store.remote
     return {
         "host": {"budget_bytes": store.host.budget_bytes, "used_bytes": store.host.used_bytes},
         "disk": None if disk is None else {
             "dir": disk.root, "budget_bytes": disk.budget_bytes, "used_bytes": disk.used_bytes,
+            "min_free_bytes": disk.min_free_bytes, "footprint_bytes": disk.footprint(),
+        },
+        "remote": None if remote is None else {
+            "url": remote.url, "available": remote.available, "last_error": remote.last_error,
         },
         "counters": store.stats(),
     }  # fmt: skip
@@ -70,7 +78,8 @@ async def attach(req: AttachRequest, state: State) -> dict[str, Any]:
     def attach_disk() -> None:
         if store.disk is not None:
             raise RuntimeError(f"a disk tier is attached already at {store.disk.root}")
-        store.attach_disk(DiskTier(folder, control.identity, int(req.disk_gb * 2**30)))
+        disk = DiskTier(folder, control.identity, int(req.disk_gb * 2**30), control.min_free_bytes)
+        store.attach_disk(disk)
         control.folder = folder
 
     return await _change(state, store, attach_disk)
@@ -91,3 +100,15 @@ async def detach(state: State) -> dict[str, Any]:
 async def resize(req: ResizeRequest, state: State) -> dict[str, Any]:
     store, _ = _store(state)
     return await _change(state, store, lambda: store.resize_disk(int(req.disk_gb * 2**30)))
+
+
+@clear_router.post("/hicache/clear")
+async def clear(req: ClearRequest, state: State) -> dict[str, Any]:
+    store, _ = _store(state)
+    if req.remote and store.remote is None:
+        raise bad_request("remote: this server runs without a remote tier", "remote")
+    await asyncio.to_thread(store.flush)  # the long wait happens beside the loop, not in it
+    cleared = await asyncio.to_thread(state.loop.call, lambda _: store.clear())
+    if req.remote:
+        cleared["remote"] = {"removed": await asyncio.to_thread(store.remote.clear)}
+    return {"cleared": cleared, **describe(store)}
