@@ -43,16 +43,17 @@ class SegmentLog:
         for segment in segment_ids(self.folder):
             records, torn = read_index(self.folder, segment)
             size = os.path.getsize(seg_path(self.folder, segment))
-            end = 0
+            end, lost = 0, 0
             for r in records:
                 if r.op == PUT and (r.at.segment != segment or r.at.offset + r.at.length > size):
-                    continue  # points past what reached the segment: never trusted
+                    lost += 1  # a record whose entry never fully reached the segment: untrusted
+                    continue
                 if r.op == PUT:
                     end = max(end, r.at.offset + r.at.length)
                 else:
                     self.tombs.setdefault(segment, []).append(r)
                 yield r
-            if cut_tail(self.folder, segment, end) or torn:
+            if cut_tail(self.folder, segment, end) or torn or lost:
                 self.torn += 1
             self.sizes[segment] = end
 

@@ -256,6 +256,21 @@ def test_a_torn_segment_tail_is_cut_and_the_rest_stays(tmp_path):
     )
 
 
+def test_a_record_whose_entry_never_landed_is_not_trusted(tmp_path):
+    """A file system that kept an index record but not all of its entry's bytes (the order of
+    the two barriers broken underneath): the entry is not offered, and is not corruption."""
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    for i in range(3):
+        tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
+    path, offset, length = where(tier, key(2))
+    with open(path, "r+b") as f:
+        f.truncate(offset + length - 100)
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert [k for k, _ in again.entries()] == [key(0), key(1)]
+    assert again.counters["incomplete_removed"] == 1 and again.counters["corrupt"] == 0
+    assert os.path.getsize(path) == offset
+
+
 def test_compaction_reclaims_space_and_keeps_every_live_entry(tmp_path):
     size = HEADER_BYTES + 20_000
     tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=size * 8)  # 64 KiB segments

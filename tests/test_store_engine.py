@@ -87,18 +87,29 @@ def test_store_hits_are_token_identical_across_a_restart(model, tmp_path):
     restarted.store.close()
 
 
+def publish_to_disk(model, folder) -> None:
+    """PROMPT computed once, its pages and states in a disk tier in `folder`."""
+    bridge = open_store(model, str(folder))
+    make(model, bridge).generate([PROMPT], max_new_tokens=8)
+    bridge.store.close()
+
+
+def hold_reads(bridge: StoreBridge) -> threading.Event:
+    """Keep the store's read worker busy until the returned event is set."""
+    gate = threading.Event()
+    assert bridge.store.reads.submit(gate.wait)
+    return gate
+
+
 def test_no_step_reads_the_disk(model, tmp_path):
     """With the store's reader held up, a request whose prefix is on disk waits its bounded
     `prefetch_wait_s`, then computes, and not one disk read happens on the engine's thread;
     reading in place (the former behaviour) is the contrast."""
     straight = make(model).generate([PROMPT], max_new_tokens=8)[0]
-    bridge = open_store(model, str(tmp_path))
-    make(model, bridge).generate([PROMPT], max_new_tokens=8)
-    bridge.store.close()
+    publish_to_disk(model, tmp_path)
 
     held = open_store(model, str(tmp_path))
-    gate = threading.Event()
-    held.store.reads.submit(gate.wait)  # the reader is busy (a slow disk, say)
+    gate = hold_reads(held)  # the reader is busy (a slow disk, say)
     out = make(model, held).generate([PROMPT], max_new_tokens=8)[0]
     assert out.token_ids == straight.token_ids and out.cached_tokens == 0
     assert held.store.disk.counters["checked"] == 0
@@ -117,16 +128,13 @@ def test_the_queue_head_waits_for_its_prefetch_while_others_step(model, tmp_path
     """Within `prefetch_wait_s`, a request whose prefix is on its way waits at the head of the
     queue while a running request keeps decoding; once the prefix lands it is seeded whole."""
     straight = make(model).generate([PROMPT], max_new_tokens=8)[0]
-    bridge = open_store(model, str(tmp_path))
-    make(model, bridge).generate([PROMPT], max_new_tokens=8)
-    bridge.store.close()
+    publish_to_disk(model, tmp_path)
 
     restarted = open_store(model, str(tmp_path))
     engine = make(model, restarted, prefetch_wait_s=30)
     other = engine.requests[engine.add_request([3] * 20, SamplingParams(temperature=0))]
     engine.step()
-    gate = threading.Event()
-    restarted.store.reads.submit(gate.wait)
+    gate = hold_reads(restarted)
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=8))
     seq = engine.requests[rid]
     before = len(other.output_ids)
@@ -150,13 +158,10 @@ def test_a_prefetch_that_lands_mid_prefill_is_caught_up(model, tmp_path):
     the prefetch lands skips it to the stored 96 tokens, with the straight-through tokens."""
     prompt = PROMPT[:-1] + [7]
     straight = make(model).generate([prompt], max_new_tokens=8)[0]
-    bridge = open_store(model, str(tmp_path))
-    make(model, bridge).generate([PROMPT], max_new_tokens=8)
-    bridge.store.close()
+    publish_to_disk(model, tmp_path)
 
     restarted = open_store(model, str(tmp_path))
-    gate = threading.Event()
-    restarted.store.reads.submit(gate.wait)
+    gate = hold_reads(restarted)
     engine = make(model, restarted, max_prefill_tokens=16, prefetch_wait_s=0)  # admit at once
     seq = engine.requests[engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=8))]
     engine.step()

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
 def _stream_through_hits(engine, prompts: list[list[int]], every: int, SamplingParams):
     """Step a decoding stream, adding one stored prompt every `every` steps; returns the
     stream's gaps between tokens (ms) and the prompt tokens the hits seeded."""
-    stream = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=10**4,
+    stream = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=1000,
                                                           ignore_eos=True))  # fmt: skip
     seq = engine.requests[stream]
     for _ in range(4):  # past its prefill
