@@ -10,9 +10,7 @@ above its free-space floor, least recently used first, passing over entries pinn
 checkpoints; a write that cannot fit is refused and counted. The space of evicted or deleted
 entries comes back by compaction: a sealed segment less than half live has its live entries
 copied forward, then its files go. Readers wait only for the index, never for a writer's I/O.
-
-A store folder in the former one-file-per-entry layout is migrated at open
-(`store.disk_migration`).
+A folder in the former one-file-per-entry layout is migrated at open (`store.disk_migration`).
 """
 
 from __future__ import annotations
@@ -189,6 +187,11 @@ class DiskTier(StoreTier):
                 self._make_room(0)
             self._commit([])
 
+    def close(self) -> None:
+        """Close the segment files held open for reading (the tier is not used after)."""
+        with self._write_lock, self._lock:
+            self.log.close()
+
     @property
     def used_bytes(self) -> int:
         return self._index.used
@@ -283,18 +286,15 @@ class DiskTier(StoreTier):
             return b"", b""
 
     def _reject(self, name: str, at: Location, blob: bytes, reason: str) -> None:
-        """Quarantine an entry that failed verification, and retire it durably: a restart must
-        not offer it again. Another reader may have got there first."""
+        """Copy an entry that failed verification to `quarantine/` and retire it durably: a
+        restart must not offer it again. Another reader may have got there first."""
         with self._lock:
             if self._index.entries.get(name) == at:
-                self._quarantine(name, blob, reason)
+                path = os.path.join(self.root, "quarantine", f"{name}.{uuid.uuid4().hex[:8]}")
+                with open(path, "wb") as f:
+                    f.write(blob)
+                self._index.retire(name)
+                self.counters["corrupt"] += 1
+                self.last_corruption = f"{name}: {reason}"
         with self._write_lock:
             self._commit([])
-
-    def _quarantine(self, name: str, blob: bytes, reason: str) -> None:
-        path = os.path.join(self.root, "quarantine", f"{name}.{uuid.uuid4().hex[:8]}")
-        with open(path, "wb") as f:
-            f.write(blob)
-        self._index.retire(name)
-        self.counters["corrupt"] += 1
-        self.last_corruption = f"{name}: {reason}"

@@ -142,6 +142,11 @@ class SegmentLog:
             fd = self._fds[segment] = os.open(seg_path(self.folder, segment), os.O_RDONLY)
         return fd
 
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
     def carried_tombs(self, segment: int) -> list[Record]:
         """The retirements `segment`'s index holds of entries in other segments still here:
         they must outlive the segment, or a replay would bring those entries back."""

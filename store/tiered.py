@@ -62,6 +62,8 @@ class TieredStore:
         self.origins = Origins()
         host.on_evict = self._on_host_evict
         self.writes = Worker("write", self.counters, self._lock, queue_size)
+        # The remote tier has its own writer: a slow network must not hold up the disk's writes.
+        self.remote_writes = Worker("remote_write", self.counters, self._lock, queue_size)
         self.reads = Worker("read", self.counters, self._lock, queue_size)
 
     # -- entries --------------------------------------------------------------------------------
@@ -74,7 +76,7 @@ class TieredStore:
         if disk is not None and (not self.write_back or not in_host):
             self.writes.submit(TierPut(disk, key, kind, payload))
         if remote is not None:
-            self.writes.submit(TierPut(remote, key, kind, payload))
+            self.remote_writes.submit(TierPut(remote, key, kind, payload))
 
     def get(self, key: bytes, kind: Kind) -> bytes | None:
         """The verified payload from the nearest tier; a lower tier's hit is promoted to host."""
@@ -149,13 +151,14 @@ class TieredStore:
         """Find the stored prefix of `token_ids` and bring what the host lacks into it, in the
         background; the ticket is done when the entries are there (or could not be)."""
         ticket = Prefetch()
+        found = None
         if self.remote is None:  # the local indexes answer at once; only reads go to the worker
             found = self.lookup(token_ids)
             ticket.tokens = found.tokens
             if all(self.host.contains(*n) for n in found.wanted()):
                 ticket.done.set()
                 return ticket
-        if not self.reads.submit(lambda: self._prefetch(list(token_ids), ticket)):
+        if not self.reads.submit(lambda: self._prefetch(list(token_ids), ticket, found)):
             ticket.done.set()
         return ticket
 
@@ -244,11 +247,15 @@ class TieredStore:
     def flush(self) -> None:
         """Wait until every queued write, then every queued prefetch, has run."""
         self.writes.flush()
+        self.remote_writes.flush()
         self.reads.flush()
 
     def close(self) -> None:
         self.reads.close()
         self.writes.close()
+        self.remote_writes.close()
+        if self.disk is not None:
+            self.disk.close()
         if self.remote is not None:
             self.remote.close()
 
@@ -271,10 +278,11 @@ class TieredStore:
         with self._lock:
             self.counters[name] += n
 
-    def _prefetch(self, token_ids: list[int], ticket: Prefetch) -> None:
-        """On the read worker: look up in every tier, then promote what the host lacks."""
+    def _prefetch(self, token_ids: list[int], ticket: Prefetch, found: Lookup | None) -> None:
+        """On the read worker: look up in every tier (unless the caller did), then promote
+        what the host lacks."""
         try:
-            found = self.lookup(token_ids)
+            found = found if found is not None else self.lookup(token_ids)
             lowers = [(n, t) for n, t in (("disk", self.disk), ("remote", self.remote)) if t]
             promoted, _ = promote(found.wanted(), self.host, lowers, self.origins)
             with self._lock:

@@ -90,8 +90,10 @@ async def detach(state: State) -> dict[str, Any]:
     store, _ = _store(state)
 
     def detach_disk() -> None:
-        if store.detach_disk() is None:
+        disk = store.detach_disk()
+        if disk is None:
             raise RuntimeError("no disk tier is attached")
+        disk.close()
 
     return await _change(state, store, detach_disk)
 
