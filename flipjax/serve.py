@@ -120,6 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--log-level", default="info")
+    from flipjax.runtime import multihost
+
+    multihost.add_arguments(p)
     args = p.parse_args(argv)
     if args.phase_policy == "auto" and len(args.arm) != 1:
         p.error(
@@ -135,18 +138,20 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from flipjax.engine.engine import Engine
+    from flipjax.runtime import multihost
     from serve.app import create_app
 
     log = logging.getLogger("flipjax.serve")
+    cluster = multihost.initialize_from(args)  # before anything else touches a device
+    local = ("process_id", "log_level")  # the only flags that may differ between processes
+    multihost.agree({k: v for k, v in vars(args).items() if k not in local})
+    if not cluster.leader:
+        _follow(Engine.from_pretrained(args.model, **_engine_options(args)), log)
+        return
     bridge, book, control = _open_store(args, log)
     engine = Engine.from_pretrained(
-        args.model, dtype=args.dtype, layout=args.layout, prefix_store=bridge, checkpoints=book,
-        page_size=args.page_size, num_pages=args.num_pages,
-        max_running_requests=args.max_running_requests,
-        max_prefill_tokens=args.max_prefill_tokens, prefetch_wait_s=args.prefetch_wait_ms / 1e3,
-        flip_memory_headroom=None if args.flip_memory_headroom is None
-        else int(args.flip_memory_headroom * 2**30),
-    )  # fmt: skip
+        args.model, prefix_store=bridge, checkpoints=book, **_engine_options(args)
+    )
     cfg = engine.config
     log.info(
         "model %s: %d layers (%d full attention, %d GDN), hidden %d, vocab %d, dtype %s",
@@ -181,6 +186,29 @@ def main(argv: list[str] | None = None) -> None:
         not args.disable_any_whitespace,
     )  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        dtype=args.dtype, layout=args.layout, page_size=args.page_size, num_pages=args.num_pages,
+        max_running_requests=args.max_running_requests,
+        max_prefill_tokens=args.max_prefill_tokens, prefetch_wait_s=args.prefetch_wait_ms / 1e3,
+        flip_memory_headroom=None if args.flip_memory_headroom is None
+        else int(args.flip_memory_headroom * 2**30),
+    )  # fmt: skip
+
+
+def _follow(engine: Any, log: logging.Logger) -> None:
+    """A process other than 0: run process 0's device operations until it stops."""
+    from flipjax.runtime.multihost import ProcessLost
+
+    log.info("following process 0 (layout %s); process 0 serves HTTP", engine.layout)
+    try:
+        ran = engine.follow()
+    except ProcessLost as err:
+        log.error("cluster: %s; exiting", err)
+        raise SystemExit(1) from err
+    log.info("process 0 stopped; followed %d device operations", ran)
 
 
 def _autopilot(args: argparse.Namespace, engine: Any, log: logging.Logger) -> Any:

@@ -6,7 +6,8 @@ request's new tokens to its subscriber. Aborts and layout flips are commands too
 happens between two steps (the step is quiesced by construction) and requests in flight carry
 over; with the automatic phase policy on, the loop also measures each step and lets the policy
 flip between two steps. A failing step fails the requests it ran, with the error, and the loop
-keeps serving.
+keeps serving. In a cluster (`flipjax.runtime.mirror`) the loop pings the other processes while
+idle; once one is lost it fails what runs, refuses the rest and says so (`lost`, `/health`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from flipjax.engine.engine import Engine, Output
 from flipjax.engine.outputs import prompt_logprobs
 from flipjax.engine.pilot import Autopilot
 from flipjax.engine.sequence import TokenLogprob
+from flipjax.runtime import mirror, multihost
+from flipjax.runtime.multihost import ProcessLost
 
 log = logging.getLogger("flipjax.serve")
 
@@ -56,6 +59,8 @@ class EngineLoop:
         self._stop = threading.Event()
         self.steps = 0
         self.step_errors = 0
+        self.lost: ProcessLost | None = None  # a process of the cluster died: nothing runs
+        self._idle_s = _PING_S if multihost.current().multi else None
         self._thread = threading.Thread(target=self._run, name="flipjax-engine", daemon=True)
         self._thread.start()
 
@@ -68,6 +73,7 @@ class EngineLoop:
         loop thread, all or none; returns each one's choice ids and prompt tokens once
         admitted. A refusal raises ValueError (bad input) or KeyError (an unknown checkpoint or
         session) and leaves nothing queued."""
+        self._check_cluster()
         admitted: Future[list[tuple[list[str], int]]] = Future()
         self._commands.put(lambda: self._admit(starts, notify, admitted))
         return admitted.result()
@@ -82,10 +88,12 @@ class EngineLoop:
 
     def call(self, fn: Callable[[Engine], Any]) -> Any:
         """Run `fn(engine)` on the loop thread between steps (a flip, a stats read)."""
+        self._check_cluster()
         done: Future[Any] = Future()
 
         def command() -> None:
             try:
+                self._check_cluster()
                 done.set_result(fn(self.engine))
             except BaseException as err:  # noqa: BLE001 - handed to the caller
                 done.set_exception(err)
@@ -97,20 +105,29 @@ class EngineLoop:
         self._stop.set()
         self._commands.put(lambda: None)
         self._thread.join(timeout=30)
+        mirror.stop()  # the other processes of a cluster return from following
+
+    def _check_cluster(self) -> None:
+        if self.lost is not None:
+            raise self.lost
 
     # -- the loop thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
         idle = False  # the last step planned nothing: its queue's head awaits the store
         while not self._stop.is_set():
-            busy = self.engine.has_unfinished()
+            busy = self.lost is None and self.engine.has_unfinished()
             try:
                 if busy and idle:  # sleep a little instead of spinning; a command wakes it
                     command = self._commands.get(timeout=_IDLE_S)
+                elif busy:
+                    command = self._commands.get(block=False)
                 else:
-                    command = self._commands.get(block=not busy, timeout=None)
+                    command = self._commands.get(timeout=self._idle_s)
             except queue.Empty:
                 command = None
+                if not busy and self.lost is None and self._idle_s is not None:
+                    self._ping()
             while command is not None:
                 command()
                 try:
@@ -118,7 +135,7 @@ class EngineLoop:
                 except queue.Empty:
                     command = None
             idle = False
-            if self.engine.has_unfinished():
+            if self.lost is None and self.engine.has_unfinished():
                 self._step()
                 last = self.engine.last_step
                 idle = last is not None and not (last.prefill_tokens or last.decode_rows)
@@ -159,13 +176,11 @@ class EngineLoop:
         except Exception as err:  # noqa: BLE001 - one bad step must not take the server down
             self.step_errors += 1
             log.error("engine step failed: %s", "".join(traceback.format_exception(err)))
-            for rid, req in list(self._live.items()):
-                self._live.pop(rid)
-                try:
-                    self.engine.abort(rid)
-                except KeyError:
-                    pass
-                req.notify(Update(rid, [], error=f"internal error: {err}"))
+            if self._idle_s is not None and not isinstance(err, ProcessLost):
+                self._ping()  # a collective that failed mid-step: is a process gone?
+            if isinstance(err, ProcessLost):
+                self._lose(err)
+            self._fail_all(f"internal error: {err}" if self.lost is None else str(self.lost))
             return
         self.steps += 1
         if self.autopilot is not None:
@@ -182,6 +197,27 @@ class EngineLoop:
                 prompt = prompt_logprobs(self.engine.requests[rid]) if first else None
                 req.notify(Update(rid, ids, logprobs, prompt))
 
+    def _fail_all(self, error: str) -> None:
+        for rid, req in list(self._live.items()):
+            self._live.pop(rid)
+            try:
+                self.engine.abort(rid)
+            except KeyError:
+                pass
+            req.notify(Update(rid, [], error=error))
+
+    def _ping(self) -> None:
+        try:
+            mirror.ping()
+        except ProcessLost as err:
+            self._lose(err)
+            self._fail_all(str(err))
+
+    def _lose(self, err: ProcessLost) -> None:
+        if self.lost is None:
+            log.error("cluster: %s; refusing all work from now on", err)
+        self.lost = err
+
     def _pilot(self, autopilot: Autopilot) -> None:
         autopilot.observe(self.engine.last_step)
         try:
@@ -193,3 +229,4 @@ class EngineLoop:
 
 
 _IDLE_S = 0.002  # how long an idle loop sleeps between looks at the store
+_PING_S = 0.5  # how often an idle process 0 of a cluster checks the others are there

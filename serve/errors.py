@@ -2,7 +2,8 @@
 
 Routes raise `APIError`; a body that fails validation (bad JSON, a wrong type or range, an
 unknown field) becomes a 400 whose `param` names the field. Engine refusals map by their type:
-ValueError is the caller's input (400), KeyError an unknown id (404).
+ValueError is the caller's input (400), KeyError an unknown id (404). A lost process of the
+cluster is a 503 for everything after it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+
+from flipjax.runtime.multihost import ProcessLost
 
 
 class APIError(Exception):
@@ -57,6 +60,10 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
         return error_response(err.status, err.message, err.param, err.kind)
+
+    @app.exception_handler(ProcessLost)
+    async def process_lost(request: Request, err: ProcessLost) -> JSONResponse:
+        return error_response(503, str(err), None, "service_unavailable")
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:

@@ -32,6 +32,8 @@ from flipjax.runtime import cache_io
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.binding import Binding, compile_programs
 from flipjax.runtime.cache import CacheState
+from flipjax.runtime.crosshost import reshard
+from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.placement import Placement
 from sharding.layout import Layout, parse_layout, placement_for
@@ -80,7 +82,7 @@ def _nbytes(tree: Any) -> int:
 
 def _move(tree: Any, shardings: Any) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    moved = jax.block_until_ready(jax.device_put(tree, shardings))
+    moved = jax.block_until_ready(reshard(tree, shardings))
     return moved, (time.perf_counter() - t0) * 1e3
 
 
@@ -111,8 +113,8 @@ def arm(runner: ModelRunner, placement: Placement, state_io: bool = False) -> No
             (there_sh, target_sh), (back_sh, source_sh) = (
                 _shardings(runner, placement), _shardings(runner, current.placement),
             )  # fmt: skip
-            there = jax.block_until_ready(jax.device_put(current.params, there_sh))
-            jax.block_until_ready(jax.device_put(there, back_sh))
+            there = jax.block_until_ready(reshard(current.params, there_sh))
+            jax.block_until_ready(reshard(there, back_sh))
             warm(current.state, source_sh, target_sh)
             if state_io:
                 cache_io.warm(move_live(current.state, target_sh, [], [])[0], runner.table_width)
@@ -156,8 +158,14 @@ class Layouts:
     def arm(self, layout: str | Layout) -> Placement:
         """Check `layout` (`LayoutError` when the model or the devices cannot take it) and
         compile everything a flip to it and back needs; the binding is not touched."""
+        placement_for(layout, self.runner.cfg)  # refused here, before any process starts it
+        return self.prepare(str(parse_layout(layout)), self.state_io)
+
+    @mirrored
+    def prepare(self, layout: str, state_io: bool) -> Placement:
+        """`arm` (every process of a cluster runs it alike: `state_io` is explicit)."""
         placement = placement_for(layout, self.runner.cfg)
-        arm(self.runner, placement, self.state_io)
+        arm(self.runner, placement, state_io)
         self.armed[placement.name] = placement
         return placement
 
@@ -182,15 +190,13 @@ class Layouts:
         pages, slots = self.allocator.held_pages(), self.allocator.held_slots()
         check_ms = (time.perf_counter() - t0) * 1e3
         try:
-            with runner.compiles.watch():  # a compile here would be on the critical path
-                new, moved = _placed_copy(old, placement, param_sh, state_sh, pages, slots)
+            moved = self.move(placement.name, pages, slots)
         except FlipError:
             self.counters["failed"] += 1
             raise
         except Exception as err:  # noqa: BLE001 - any failure here must leave the old layout bound
             self.counters["failed"] += 1
             raise FlipError(f"flip to {placement.name} failed before the swap: {err}") from err
-        runner.binding = new  # the swap: from here on every reader sees the new layout
         self.generation += 1
         self.counters["flips"] += 1
         record = FlipRecord(
@@ -207,6 +213,17 @@ class Layouts:
             record.check_ms, record.total_bytes / 2**20, record.held_bytes / 2**20,
         )  # fmt: skip
         return record
+
+    @mirrored
+    def move(self, layout: str, pages: list[int], slots: list[int]) -> dict[str, Any]:
+        """Copy the parameters and the live `pages` and `slots` to the armed `layout` and swap
+        the binding; what was moved. The old binding stays whole until the swap."""
+        runner, placement = self.runner, self.armed[layout]
+        param_sh, state_sh = _shardings(runner, placement)
+        with runner.compiles.watch():  # a compile here would be on the critical path
+            new, moved = _placed_copy(runner.binding, placement, param_sh, state_sh, pages, slots)
+        runner.binding = new  # the swap: from here on every reader sees the new layout
+        return moved
 
 
 def _placed_copy(

@@ -3,7 +3,9 @@
 Until the swap the old arrays stay where they are, so every target device must fit the new
 parameters and pools beside what it already holds. A device that reports `memory_stats`
 (GPUs) is checked against its own free bytes; elsewhere (the CPU) against the `headroom`
-budget a server names with `--flip-memory-headroom`, or not at all without one.
+budget a server names with `--flip-memory-headroom`, or not at all without one. In a cluster
+process 0 decides, and it can read the stats of its own devices only: the others' are held to
+the headroom.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def bytes_per_device(trees: Any, shardings: Any) -> Counter[Any]:
 def shortfall(need: Counter[Any], headroom: int | None) -> str | None:
     """Why the target cannot hold what moves, naming the numbers; None when it can."""
     for device, wanted in sorted(need.items(), key=lambda kv: kv[0].id):
-        stats = device.memory_stats()
+        stats = device.memory_stats() if device.process_index == jax.process_index() else None
         if stats and "bytes_limit" in stats:
             free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
             source = "memory_stats"

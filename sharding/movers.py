@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
+from flipjax.runtime.crosshost import reshard
 
 
 def bucket(n: int, total: int) -> int:
@@ -62,12 +63,12 @@ def _move_leaf(leaf: jax.Array, target: NamedSharding, live: Sequence[int]) -> j
     total = leaf.shape[0]
     size = bucket(len(live), total)
     if size == total:  # the live set is the pool (or most of it): one plain copy is cheaper
-        return jax.device_put(leaf, target)
+        return reshard(leaf, target)
     take = np.zeros(size, np.int32)  # gather pads with a valid row, sliced off by the scatter
     put = np.full(size, total, np.int32)  # scatter pads with an out-of-range id, dropped
     take[: len(live)] = put[: len(live)] = live
     rows = _gather(leaf, jax.device_put(take, _replicated(leaf.sharding)))
-    rows = jax.device_put(rows, target)
+    rows = reshard(rows, target)
     return _filler(leaf.shape, leaf.dtype, target)(rows, jax.device_put(put, _replicated(target)))
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.radix_cache import RadixCache
-from flipjax.runtime import cache_io
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.model_runner import ModelRunner
 
@@ -64,5 +63,4 @@ class Caches:
         state moves, also every program that moves pages and states."""
         runner.warmup()
         if self.moves_state:
-            with runner.compiles.watch():
-                runner.state = cache_io.warm(runner.state, runner.table_width)
+            runner.warm_state_io()

@@ -18,7 +18,7 @@ from flax import nnx
 
 from flipjax.engine.caches import Caches
 from flipjax.engine.config import EngineConfig
-from flipjax.engine.loader import load
+from flipjax.engine.loader import load, model_fingerprint
 from flipjax.engine.outputs import Output, StepStats, build_output, final_text
 from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.radix_cache import RadixCache
@@ -32,6 +32,7 @@ from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
+from flipjax.runtime import mirror, multihost
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.constraint import TokenConstraint
 from flipjax.runtime.model_runner import ModelRunner
@@ -97,23 +98,23 @@ class Engine:
         self.sessions = Sessions(checkpoints, self.gdn_interval)
         self.last_step: StepStats | None = None
         self._reference = ContiguousForward(self.graphdef, self.config, dtype)
+        if multihost.current().multi and multihost.current().leader:
+            mirror.lead()  # every process built the same state; from here process 0 leads
 
     @classmethod
     def from_pretrained(
-        cls,
-        path: str,
-        dtype: str | jnp.dtype = "float32",
-        layout: str | None = None,
-        prefix_store: PrefixStore | None = None,
-        checkpoints: CheckpointBook | None = None,
+        cls, path: str, dtype: str | jnp.dtype = "float32", layout: str | None = None,
+        prefix_store: PrefixStore | None = None, checkpoints: CheckpointBook | None = None,
         **engine_options: int | None,
-    ) -> Engine:
+    ) -> Engine:  # fmt: skip
         """`path`: a HF checkpoint folder, an orbax folder (`python -m flipjax.ckpt convert`),
         or "tiny" (`flipjax.engine.loader`). `layout` places the state (`tp:2`, `pp:5,3`, ...;
         default one device); `prefix_store` seeds and receives prefixes; `checkpoints` enables
         session checkpoints; `engine_options` are `EngineConfig` fields."""
         jdtype = parse_dtype(dtype)
         ec = EngineConfig(**engine_options)
+        multihost.agree({"model": model_fingerprint(path), "dtype": str(jdtype),
+                         "layout": layout, **vars(ec)})  # fmt: skip
         loaded = load(path, jdtype, layout)
         return cls(
             loaded.model, loaded.tokenizer, loaded.name, jdtype, ec, prefix_store, layout,
@@ -165,6 +166,11 @@ class Engine:
         seed = params.seed if params.seed is not None else secrets.randbits(32)
         seq = Sequence("", ids, params, 0, seed, session_id=session_id, chat=chat, grammar=grammar)
         return self.requests.enqueue(seq, params, max_new_tokens, request_id, n)
+
+    def follow(self) -> int:
+        """On a process other than 0 of a cluster: run process 0's device operations until it
+        stops (returns how many ran); `ProcessLost` when it is gone."""
+        return mirror.follow({"ModelRunner": self.runner, "Layouts": self.layouts})
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -260,12 +266,9 @@ class Engine:
         return self.sessions.book_or_none
 
     def checkpoint(
-        self,
-        request_id: str | None = None,
-        session_id: str | None = None,
-        position: int | None = None,
-        quiesce: bool = False,
-    ) -> dict[str, Any]:
+        self, request_id: str | None = None, session_id: str | None = None,
+        position: int | None = None, quiesce: bool = False,
+    ) -> dict[str, Any]:  # fmt: skip
         """Checkpoint a request in flight (only with `quiesce`: it is paused at this step
         boundary, checkpointed and resumes) or a session, at `position` tokens (default: all of
         them). Returns the checkpoint's summary; refusals raise CheckpointError or KeyError."""
@@ -274,14 +277,10 @@ class Engine:
         )
 
     def branch(
-        self,
-        checkpoint_id: str,
-        sampling: SamplingParams | None = None,
-        max_new_tokens: int = DEFAULT_MAX_TOKENS,
-        request_id: str | None = None,
-        session_id: str | None = None,
-        prompt: str | list[int] | None = None,
-    ) -> str:
+        self, checkpoint_id: str, sampling: SamplingParams | None = None,
+        max_new_tokens: int = DEFAULT_MAX_TOKENS, request_id: str | None = None,
+        session_id: str | None = None, prompt: str | list[int] | None = None,
+    ) -> str:  # fmt: skip
         """Queue a request that continues from a checkpoint exactly (its sampling and RNG state
         unless `sampling` overrides them), or after it with a new turn `prompt`; its id."""
         encode = self.requests.encode

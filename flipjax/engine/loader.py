@@ -13,10 +13,11 @@ from flax import nnx
 from flipjax.model.config import ModelConfig
 from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
-from flipjax.model.tiny import TINY_NAME, tiny_model
+from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_model
 from flipjax.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from flipjax.model.weights import load_params
 from sharding.layout import placement_for
+from store.keys import files_fingerprint
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,9 @@ def load(path: str, dtype: jnp.dtype, layout: str | None = None) -> Loaded:
         params = load_params(path, cfg, abstract, dtype)
     tokenizer = load_tokenizer(path, cfg.eos_token_id)
     return Loaded(nnx.merge(graphdef, params), tokenizer, os.path.basename(os.path.normpath(path)))
+
+
+def model_fingerprint(path: str) -> str:
+    """What identifies the weights `path` names, the same on every machine (the processes of a
+    cluster must agree on it)."""
+    return f"{TINY_NAME}-seed-{TINY_SEED}" if path == TINY_NAME else files_fingerprint(path)

@@ -20,14 +20,6 @@ from contextlib import contextmanager
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sequence import Sequence
-from flipjax.runtime.cache_io import (
-    copy_page,
-    copy_slot,
-    read_pages,
-    read_slot,
-    write_pages,
-    write_slot,
-)
 from flipjax.runtime.model_runner import ModelRunner
 from store.prefix import PrefixStore
 
@@ -88,9 +80,7 @@ class PrefixReuse:
         if found is not None and self.scheduler.reserve(seq, found.tokens):
             ps = self.page_size
             pages = seq.pages[tokens // ps : found.tokens // ps]
-            with self.runner.compiles.watch():
-                state = write_pages(self.runner.state, pages, found.kv)
-                self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
+            self.runner.write(pages, found.kv, seq.slot, found.recurrent, found.conv)
             tokens, tier = found.tokens, found.tier
         seq.num_computed = tokens
         if not seq.output_ids:  # a resumed request's usage keeps its first admission's count
@@ -129,10 +119,8 @@ class PrefixReuse:
         if not self.scheduler.reserve(seq, found.tokens):
             self.counters["catch_up_no_room"] += 1
             return
-        with self.runner.compiles.watch():
-            state = write_pages(self.runner.state, seq.pages[start // ps : found.tokens // ps],
-                                found.kv)  # fmt: skip
-            self.runner.state = write_slot(state, seq.slot, found.recurrent, found.conv)
+        pages = seq.pages[start // ps : found.tokens // ps]
+        self.runner.write(pages, found.kv, seq.slot, found.recurrent, found.conv)
         gained = found.tokens - seq.num_computed
         seq.num_computed = found.tokens
         if not seq.output_ids:
@@ -156,12 +144,9 @@ class PrefixReuse:
         if store is None:
             return
         if last > first:
-            with self.runner.compiles.watch():
-                kv = read_pages(self.runner.state, seq.pages[first:last])
-            store.publish_pages(seq.all_ids, first, kv)
+            store.publish_pages(seq.all_ids, first, self.runner.read_pages(seq.pages[first:last]))
         if on_grid:
-            with self.runner.compiles.watch():
-                rec, conv = read_slot(self.runner.state, seq.slot)
+            rec, conv = self.runner.read_slot(seq.slot)
             store.publish_state(seq.all_ids[:end], rec, conv)
 
     def fork(self, parent: Sequence, child: Sequence) -> bool:
@@ -177,11 +162,9 @@ class PrefixReuse:
         if not allocator.grow(child, computed):
             allocator.free(child)
             return False
-        with self.runner.compiles.watch():
-            state = self.runner.state
-            if computed % ps:
-                state = copy_page(state, parent.pages[full], child.pages[full])
-            self.runner.state = copy_slot(state, parent.slot, child.slot)
+        if computed % ps:
+            self.runner.copy_page(parent.pages[full], child.pages[full])
+        self.runner.copy_slot(parent.slot, child.slot)
         child.num_computed = computed
         child.cached_tokens = computed
         child.prompt_logprobs = list(parent.prompt_logprobs)
@@ -189,5 +172,4 @@ class PrefixReuse:
         return True
 
     def _copy_state(self, src: int, dst: int) -> None:
-        with self.runner.compiles.watch():
-            self.runner.state = copy_slot(self.runner.state, src, dst)
+        self.runner.copy_slot(src, dst)

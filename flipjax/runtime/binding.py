@@ -23,13 +23,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import NamedSharding
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.gated_deltanet import GDNState
+from flipjax.runtime import multihost
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.crosshost import reshard, to_leader
 from flipjax.runtime.paged import Scores, stage_step, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.stages import ModelParts, stage_params
@@ -72,7 +74,7 @@ class Binding:
         self._kv_ids = [s.span.attention_layers(cfg) for s in self.stages]
         self._gdn_ids = [s.span.gdn_layers(cfg) for s in self.stages]
         self._inputs = [NamedSharding(s.mesh, REPLICATED) for s in self.stages]
-        self.sampler_sharding = SingleDeviceSharding(jax.devices()[0])
+        self.sampler_device = jax.devices()[0]  # process 0's: only it samples
         self.state = state
         pools = tuple((x.shape, x.dtype) for x in jax.tree.leaves(state))
         dtypes = tuple(sorted({str(x.dtype) for x in jax.tree.leaves(params)}))
@@ -150,13 +152,16 @@ class Binding:
                 put = functools.partial(jax.device_put, device=self._inputs[s])
                 slot_ids = put(slots[rows])
                 extra = () if score is None or s != last else (put(targets[rows, cols]),)
+                x = put(x) if s == 0 else reshard(x, self._inputs[s])  # the stage hand-off
                 x, kv, new_rows = step(
-                    self._params[s], self._kv[s], self._gdn[s], put(x),
+                    self._params[s], self._kv[s], self._gdn[s], x,
                     put(positions[rows, cols]), put(table[rows]), slot_ids, *extra,
                 )  # fmt: skip
                 self._kv[s] = kv
                 self._gdn[s] = write(self._gdn[s], slot_ids, new_rows)
-            outs.append(jax.device_put(x, self.sampler_sharding))
+            outs.append(jax.tree.map(lambda a: to_leader(a, self.sampler_device), x))
+        if not multihost.current().leader:  # the others only take part in the programs
+            return None
         if score is not None:  # one row in sub-chunks: the scores of every piece, in order
             with self.compiles.watch():
                 scores = jax.tree.map(lambda *a: _concat_tokens(a), *(s for _, s in outs))

@@ -16,6 +16,7 @@ import numpy as np
 
 from flipjax.runtime.buckets import pow2_bucket
 from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
+from flipjax.runtime.crosshost import to_host
 
 
 @jax.jit
@@ -45,14 +46,14 @@ def _pad_rows(rows: np.ndarray, n: int) -> np.ndarray:
 
 def read_pages(state: CacheState, pages: list[int]) -> np.ndarray:
     ids = _bucketed(pages, 0)
-    per_layer = jax.device_get([(_gather(p.k, ids), _gather(p.v, ids)) for p in state.kv])
+    per_layer = to_host([(_gather(p.k, ids), _gather(p.v, ids)) for p in state.kv])
     # -> [n, layers, 2, page_size, kv_heads, head_dim]
     return np.stack([np.stack(kv, axis=1) for kv in per_layer], axis=1)[: len(pages)]
 
 
 def read_slot(state: CacheState, slot: int) -> tuple[np.ndarray, np.ndarray]:
     i = jnp.asarray(slot, jnp.int32)
-    rows = jax.device_get([(_gather(s.recurrent, i), _gather(s.conv, i)) for s in state.gdn])
+    rows = to_host([(_gather(s.recurrent, i), _gather(s.conv, i)) for s in state.gdn])
     return np.stack([r for r, _ in rows]), np.stack([c for _, c in rows])
 
 

@@ -22,10 +22,12 @@ import numpy as np
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
+from flipjax.runtime import cache_io, multihost
 from flipjax.runtime.binding import Binding
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.placement import Placement, single_device
 from flipjax.runtime.sampler import (
     SamplerOutputs,
@@ -96,8 +98,10 @@ class ModelRunner:
         """Every step shape serving uses: the decode and the prefill buckets."""
         return [(b, 1) for b in self.decode_buckets] + [(1, t) for t in self.prefill_buckets]
 
+    @mirrored
     def run(self, rows: list[Row], decode: bool, score: int | None = None) -> Any:
-        """Feed each row's tokens; returns logits at each row's last token, [B_bucket, vocab].
+        """Feed each row's tokens; returns logits at each row's last token, [B_bucket, vocab]
+        (on process 0 of a cluster; None on the others).
 
         Decode takes any number of rows with one token each; prefill takes exactly one row.
         With `score` (top alternatives, a power of two or 0), a prefill row also gets the
@@ -132,6 +136,7 @@ class ModelRunner:
             out = sample(logits, inputs, **flags)
         return jax.device_get(out)
 
+    @mirrored
     def warmup(self) -> None:
         """Compile every step shape and the plain sampler variants, changing no state.
 
@@ -146,11 +151,48 @@ class ModelRunner:
                 np.zeros((b, self.table_width), np.int32),
                 np.full((b,), self.num_slots, np.int32),
             )
-            if t == 1 or b == 1:
+            if (t == 1 or b == 1) and multihost.current().leader:  # sampling: process 0 only
                 allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
                 for params in (SamplingParams.greedy(), SamplingParams(top_p=0.9)):
                     for mask in (None, allowed):  # rows without and with a grammar
                         self.sample(logits, [SamplerRow(params, 0, mask=mask)])
+
+    # -- moving pooled state (the prefix cache and the store; see `cache_io`) --------------------
+
+    @mirrored
+    def read_pages(self, pages: list[int]) -> np.ndarray:
+        with self.compiles.watch():
+            return cache_io.read_pages(self.state, pages)
+
+    @mirrored
+    def read_slot(self, slot: int) -> tuple[np.ndarray, np.ndarray]:
+        with self.compiles.watch():
+            return cache_io.read_slot(self.state, slot)
+
+    @mirrored
+    def write(
+        self, pages: list[int], kv: np.ndarray, slot: int, rec: np.ndarray, conv: np.ndarray
+    ) -> None:
+        """Write stored pages of KV and a GDN state (into `slot`) where a request resumes."""
+        with self.compiles.watch():
+            state = cache_io.write_pages(self.state, pages, kv)
+            self.state = cache_io.write_slot(state, slot, rec, conv)
+
+    @mirrored
+    def copy_slot(self, src: int, dst: int) -> None:
+        with self.compiles.watch():
+            self.state = cache_io.copy_slot(self.state, src, dst)
+
+    @mirrored
+    def copy_page(self, src: int, dst: int) -> None:
+        with self.compiles.watch():
+            self.state = cache_io.copy_page(self.state, src, dst)
+
+    @mirrored
+    def warm_state_io(self) -> None:
+        """Compile every program that moves pages and states, changing nothing."""
+        with self.compiles.watch():
+            self.state = cache_io.warm(self.state, self.table_width)
 
     def _run(
         self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray

@@ -10,7 +10,7 @@ from importlib.metadata import version
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from flipjax.model.tiny import TINY_DESCRIPTION, TINY_NAME
 from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer
@@ -24,8 +24,13 @@ router = APIRouter(tags=["info"])
 guarded = APIRouter(dependencies=[Depends(require_api_key)], tags=["info"])
 
 
-@router.get("/health")
-async def health() -> dict[str, str]:
+@router.get("/health", response_model=None)
+async def health(state: State) -> dict[str, str] | JSONResponse:
+    """503 once a process of the cluster is lost, naming it (the server serves nothing more)."""
+    lost = state.loop.lost
+    if lost is not None:
+        body = {"status": "unavailable", "error": str(lost), "lost_processes": lost.lost}
+        return JSONResponse(status_code=503, content=body)
     return {"status": "ok"}
 
 

@@ -1,0 +1,115 @@
+"""Moving arrays between device sets that span processes, with collectives only.
+
+In one process `jax.device_put` moves anything anywhere. Across processes it only reshards
+within one device set; a flip between `tp:4` over two processes and a pipeline with one stage
+on each, or a pipeline's hand-off from a stage on one host to a stage on another, needs more.
+`reshard` replicates the array on its own devices, then spreads it to the union of both device
+sets with one program (a `psum` in which only the first source device contributes, the trick
+`multihost_utils.broadcast_one_to_all` uses, over the same gloo/NCCL runtime as the model), and
+cuts each local replica to the target's shard. Every process must make the same calls in the same
+order; they do, since each runs the same device operations (`flipjax.runtime.mirror`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+
+from flipjax.runtime import multihost
+
+Devices = tuple[jax.Device, ...]
+
+
+def _ordered(devices: Any) -> Devices:
+    return tuple(sorted(devices, key=lambda d: d.id))
+
+
+def _replicated_on(devices: Devices) -> NamedSharding:
+    return NamedSharding(Mesh(np.array(devices), ("all",)), PartitionSpec())
+
+
+def replicate(x: jax.Array) -> jax.Array:
+    """`x` whole on every device it is on (a collective when they span processes)."""
+    if x.sharding.is_fully_replicated:
+        return x
+    return jax.device_put(x, _replicated_on(_ordered(x.sharding.device_set)))
+
+
+@functools.cache
+def _spread_program(devices: Devices) -> tuple[Mesh, Any]:
+    mesh = Mesh(np.array(devices), ("all",))
+    spread = jax.shard_map(
+        lambda block: jax.lax.psum(block, "all")[0], mesh=mesh,
+        in_specs=PartitionSpec("all"), out_specs=PartitionSpec(),
+    )  # fmt: skip
+    return mesh, jax.jit(spread)
+
+
+def _spread(whole: jax.Array, union: Devices) -> dict[jax.Device, jax.Array]:
+    """The local replicas, on every device of `union`, of `whole` (replicated on a subset)."""
+    first = _ordered(whole.sharding.device_set)[0]
+    mine = {s.device: s.data for s in whole.addressable_shards}
+    mesh, spread = _spread_program(union)
+    blocks = [
+        mine[d][None] if d == first else jnp.zeros((1, *whole.shape), whole.dtype, device=d)
+        for d in mesh.devices.flat
+        if d.process_index == jax.process_index()
+    ]
+    stacked = jax.make_array_from_single_device_arrays(
+        (len(union), *whole.shape), NamedSharding(mesh, PartitionSpec("all")), blocks,
+        dtype=whole.dtype,
+    )  # fmt: skip
+    return {s.device: s.data for s in spread(stacked).addressable_shards}
+
+
+def reshard(tree: Any, shardings: Any) -> Any:
+    """`jax.device_put(tree, shardings)`, also between device sets on different processes."""
+    if not multihost.current().multi:
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(_reshard_leaf, tree, shardings)
+
+
+def _reshard_leaf(x: jax.Array, target: Sharding) -> jax.Array:
+    source = x.sharding.device_set
+    if source == target.device_set:
+        return jax.device_put(x, target)
+    whole = replicate(x)
+    if target.device_set <= source:
+        replicas = {s.device: s.data for s in whole.addressable_shards}
+    else:
+        replicas = _spread(whole, _ordered(source | target.device_set))
+    shards = [
+        jax.device_put(replicas[d][index], d)
+        for d, index in target.addressable_devices_indices_map(x.shape).items()
+    ]
+    return jax.make_array_from_single_device_arrays(x.shape, target, shards, dtype=x.dtype)
+
+
+def to_leader(x: jax.Array, device: jax.Device) -> jax.Array:
+    """A replicated array `x`, as one array on process 0's `device` (`x` itself elsewhere)."""
+    if not multihost.current().multi:
+        return jax.device_put(x, device)
+    source = x.sharding.device_set
+    if device in source:
+        replicas = {s.device: s.data for s in x.addressable_shards}
+    else:
+        replicas = _spread(x, _ordered(source | {device}))
+    return replicas[device] if multihost.current().leader else x
+
+
+def to_host(tree: Any) -> Any:
+    """Arrays to numpy on process 0, gathered whole however they are sharded; zeros of the same
+    shapes on the other processes, which only take part."""
+    if not multihost.current().multi:
+        return jax.device_get(tree)
+
+    def one(x: jax.Array) -> np.ndarray:
+        x = to_leader(replicate(x), jax.devices()[0])
+        return np.asarray(x) if multihost.current().leader else np.zeros(x.shape, x.dtype)
+
+    return jax.tree.map(one, tree)
