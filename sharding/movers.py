@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
-from flipjax.runtime.crosshost import reshard
+from flipjax.runtime.crosshost import from_host, reshard
 
 
 def bucket(n: int, total: int) -> int:
@@ -67,9 +67,9 @@ def _move_leaf(leaf: jax.Array, target: NamedSharding, live: Sequence[int]) -> j
     take = np.zeros(size, np.int32)  # gather pads with a valid row, sliced off by the scatter
     put = np.full(size, total, np.int32)  # scatter pads with an out-of-range id, dropped
     take[: len(live)] = put[: len(live)] = live
-    rows = _gather(leaf, jax.device_put(take, _replicated(leaf.sharding)))
+    rows = _gather(leaf, from_host(take, _replicated(leaf.sharding)))
     rows = reshard(rows, target)
-    return _filler(leaf.shape, leaf.dtype, target)(rows, jax.device_put(put, _replicated(target)))
+    return _filler(leaf.shape, leaf.dtype, target)(rows, from_host(put, _replicated(target)))
 
 
 def _replicated(sharding: Any) -> Any:

@@ -31,7 +31,7 @@ from flipjax.runtime import multihost
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
-from flipjax.runtime.crosshost import reshard, to_leader
+from flipjax.runtime.crosshost import from_host, reshard, settle, to_leader
 from flipjax.runtime.paged import Scores, stage_step, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.stages import ModelParts, stage_params
@@ -149,7 +149,7 @@ class Binding:
             x: Any = tokens[rows, cols]
             for s in range(len(self.stages)):
                 step, write = self.programs(s, (rb, tb), score if s == last else None)
-                put = functools.partial(jax.device_put, device=self._inputs[s])
+                put = functools.partial(from_host, sharding=self._inputs[s])
                 slot_ids = put(slots[rows])
                 extra = () if score is None or s != last else (put(targets[rows, cols]),)
                 x = put(x) if s == 0 else reshard(x, self._inputs[s])  # the stage hand-off
@@ -158,7 +158,7 @@ class Binding:
                     put(positions[rows, cols]), put(table[rows]), slot_ids, *extra,
                 )  # fmt: skip
                 self._kv[s] = kv
-                self._gdn[s] = write(self._gdn[s], slot_ids, new_rows)
+                self._gdn[s] = settle(write(self._gdn[s], slot_ids, new_rows))
             outs.append(jax.tree.map(lambda a: to_leader(a, self.sampler_device), x))
         if not multihost.current().leader:  # the others only take part in the programs
             return None

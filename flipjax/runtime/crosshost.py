@@ -33,11 +33,34 @@ def _replicated_on(devices: Devices) -> NamedSharding:
     return NamedSharding(Mesh(np.array(devices), ("all",)), PartitionSpec())
 
 
+@functools.cache
+def _identity(sharding: Sharding) -> Any:
+    return jax.jit(lambda x: x, out_shardings=sharding)
+
+
+def settle(x: Any) -> Any:
+    """`x`, computed, in a cluster. On CPUs a collective program waits in a worker thread
+    for its peers, and two in flight at once can hold every thread while each waits for the
+    other's peers; so across processes these moves run one at a time."""
+    return jax.block_until_ready(x) if multihost.current().multi else x
+
+
 def replicate(x: jax.Array) -> jax.Array:
     """`x` whole on every device it is on (a collective when they span processes)."""
     if x.sharding.is_fully_replicated:
         return x
-    return jax.device_put(x, _replicated_on(_ordered(x.sharding.device_set)))
+    return settle(_identity(_replicated_on(_ordered(x.sharding.device_set)))(x))
+
+
+def from_host(host: np.ndarray, sharding: Sharding) -> jax.Array:
+    """A host array that every process holds alike, laid out by `sharding`. In a cluster each
+    process writes its own shards: `jax.device_put` would first compare the value across
+    processes, one more collective per input of every step."""
+    if not multihost.current().multi:
+        return jax.device_put(host, sharding)
+    return jax.make_array_from_callback(
+        host.shape, sharding, lambda index: host[index], dtype=host.dtype
+    )
 
 
 @functools.cache
@@ -64,11 +87,12 @@ def _spread(whole: jax.Array, union: Devices) -> dict[jax.Device, jax.Array]:
         (len(union), *whole.shape), NamedSharding(mesh, PartitionSpec("all")), blocks,
         dtype=whole.dtype,
     )  # fmt: skip
-    return {s.device: s.data for s in spread(stacked).addressable_shards}
+    return {s.device: s.data for s in settle(spread(stacked)).addressable_shards}
 
 
 def reshard(tree: Any, shardings: Any) -> Any:
-    """`jax.device_put(tree, shardings)`, also between device sets on different processes."""
+    """`jax.device_put(tree, shardings)`, also between device sets on different processes, by
+    compiled programs only (JAX's cross-host transfers are not used)."""
     if not multihost.current().multi:
         return jax.device_put(tree, shardings)
     return jax.tree.map(_reshard_leaf, tree, shardings)
@@ -76,8 +100,8 @@ def reshard(tree: Any, shardings: Any) -> Any:
 
 def _reshard_leaf(x: jax.Array, target: Sharding) -> jax.Array:
     source = x.sharding.device_set
-    if source == target.device_set:
-        return jax.device_put(x, target)
+    if source == target.device_set:  # one program; its collectives run on the model's runtime
+        return settle(_identity(target)(x))
     whole = replicate(x)
     if target.device_set <= source:
         replicas = {s.device: s.data for s in whole.addressable_shards}

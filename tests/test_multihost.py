@@ -1,0 +1,199 @@
+"""One model served by two processes with `jax.distributed` (gloo over loopback), two CPU
+devices each: `tp:4` across both, a live flip to `pp:2,2@2,2` (one stage per process), the
+store's canonical pages, a lost process and a mismatched start. Every check compares with a
+single-process engine in this process. One two-process server is shared by the module, and its
+last test kills process 1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from flipjax import Engine
+from flipjax.model.config import ModelConfig
+from store.keys import files_fingerprint
+from store.open import open_store
+from tests.hf_oracle import make_checkpoint
+from tests.test_openai_checkpoint import byte_tokenizer
+from tests.test_serve import ROOT, _free_port, wait_healthy
+
+HEARTBEAT_S = 3
+PAGE, GRID = 16, 32
+ENGINE = dict(max_running_requests=4, max_prefill_tokens=64, num_pages=64, page_size=PAGE)
+FLAGS = (
+    "--max-running-requests", "4", "--max-prefill-tokens", "64", "--num-pages", "64",
+    "--page-size", str(PAGE), "--gdn-checkpoint-interval", str(GRID), "--no-warmup",
+    "--served-model-name", "m",
+)  # fmt: skip
+PROMPTS = [[(7 * i + j) % 256 for j in range(11 + 5 * i)] for i in range(3)]
+LONG = [(3 * j + 1) % 256 for j in range(90)]  # pages and GDN states for the store
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    """Heads that four devices split: KV heads too, so a store page is gathered from both."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    make_checkpoint(str(folder), seed=11, vocab_size=256, num_key_value_heads=4,
+                    linear_num_key_heads=4, linear_num_value_heads=4)  # fmt: skip
+    byte_tokenizer(str(folder / "tokenizer.json"))
+    return str(folder)
+
+
+def launch(log_dir, checkpoint: str, *flags: str, per_process=None) -> list[subprocess.Popen]:
+    """Two processes of one cluster, each with two CPU devices; `per_process(i)` adds flags."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    procs = []
+    for i in range(2):
+        extra = per_process(i) if per_process else ()
+        cmd = [sys.executable, "-m", "flipjax.serve", "--model", checkpoint, *flags, *extra,
+               "--coordinator-address", coordinator, "--num-processes", "2", "--process-id",
+               str(i), "--heartbeat-timeout-s", str(HEARTBEAT_S)]  # fmt: skip
+        with open(log_dir / f"process{i}.txt", "w") as log:
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))  # fmt: skip
+    return procs
+
+
+@pytest.fixture(scope="module")
+def cluster(checkpoint, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("cluster")
+    port = _free_port()
+    procs = launch(logs, checkpoint, "--layout", "tp:4", "--port", str(port), "--store-dir",
+                   str(logs / "store"), *FLAGS)  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(procs[0], base, str(logs / "process0.txt"))
+        yield procs, base, logs
+    finally:
+        procs[0].send_signal(signal.SIGTERM)  # process 1 returns when process 0 stops
+        for p in procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint) -> Engine:
+    return Engine.from_pretrained(checkpoint, layout="single", **ENGINE)
+
+
+def complete(base: str, prompt: list[int], max_tokens: int) -> dict:
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    r = httpx.post(f"{base}/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_two_process_tp4_gives_the_single_process_tokens(cluster, reference):
+    _, base, logs = cluster
+    want = [o.token_ids for o in reference.generate(PROMPTS, max_new_tokens=10)]
+    got = [complete(base, p, 10)["choices"][0]["token_ids"] for p in PROMPTS]
+    assert got == want
+    follower = (logs / "process1.txt").read_text()
+    assert "following process 0 (layout tp:4)" in follower
+
+
+def test_a_prefix_published_by_the_cluster_is_a_hit_for_one_process(cluster, checkpoint,
+                                                                    tmp_path):  # fmt: skip
+    _, base, logs = cluster
+    served = complete(base, LONG, 6)["choices"][0]["token_ids"]
+    route = f"{base}/hicache/storage-backend"
+    last, deadline = -1, time.monotonic() + 60
+    while time.monotonic() < deadline:  # the disk tier's writes land on its worker
+        used = httpx.get(route, timeout=30).json()["disk"]["used_bytes"]
+        if used > 0 and used == last:
+            break
+        last = used
+        time.sleep(0.5)
+    # A copy: the cluster's store stays its own.
+    shutil.copytree(logs / "store", tmp_path / "store")
+    bridge, _ = open_store(
+        ModelConfig.from_hf(checkpoint), files_fingerprint(checkpoint), "float32", PAGE, GRID,
+        2**28, str(tmp_path / "store"), 2**30,
+    )  # fmt: skip
+    engine = Engine.from_pretrained(
+        checkpoint, layout="tp:2", prefix_store=bridge, prefetch_wait_s=30.0, **ENGINE
+    )
+    out = engine.generate([LONG], max_new_tokens=6)[0]
+    assert engine.prefix_counters["hits_disk"] == 1
+    assert engine.prefix_counters["hit_tokens_disk"] == 64  # two 32-token GDN anchors of 90
+    assert out.token_ids == served
+
+    # And back: the cluster seeds its sharded pages and states from its host tier.
+    assert httpx.post(f"{base}/flush_cache", timeout=60).status_code == 200
+    again = complete(base, LONG, 6)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+    assert again["choices"][0]["token_ids"] == served
+
+
+def test_a_live_flip_to_one_stage_per_process_is_token_identical(cluster, reference):
+    _, base, _ = cluster
+    want = reference.generate(PROMPTS, max_new_tokens=40)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", timeout=300)
+    texts: list[list[str]] = [[] for _ in PROMPTS]
+    started = threading.Barrier(len(PROMPTS) + 1)
+
+    def stream(i: int) -> None:
+        first = True
+        for chunk in client.completions.create(model="m", prompt=PROMPTS[i], max_tokens=40,
+                                               temperature=0, stream=True):  # fmt: skip
+            texts[i].append(chunk.choices[0].text)
+            if first:
+                first = False
+                started.wait()
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    started.wait(timeout=300)  # every stream is decoding
+    r = httpx.post(f"{base}/phase_flip", json={"to": "pp:2,2@2,2"}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["layout"] == "pp:2,2@2,2"
+    for t in threads:
+        t.join(timeout=300)
+    assert ["".join(t) for t in texts] == [o.text for o in want]
+    flip = r.json()["last_flip"]
+    assert flip["live_pages"] > 0  # requests were in flight
+    after = complete(base, PROMPTS[0], 10)["choices"][0]["token_ids"]
+    assert after == want[0].token_ids[:10]
+
+
+def test_a_lost_process_is_reported_within_the_heartbeat(cluster):
+    procs, base, _ = cluster
+    procs[1].kill()
+    t0 = time.monotonic()
+    while True:
+        r = httpx.get(f"{base}/health", timeout=10)
+        if r.status_code == 503:
+            break
+        assert time.monotonic() - t0 < 3 * HEARTBEAT_S + 5, "no 503 within the bound"
+        time.sleep(0.2)
+    assert "process 1 of the cluster lost" in r.json()["error"]
+    assert r.json()["lost_processes"] == [1]
+    body = {"model": "m", "prompt": PROMPTS[0], "max_tokens": 4}
+    refused = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+    assert refused.status_code == 503 and "process 1" in refused.json()["error"]["message"]
+    assert procs[0].poll() is None  # process 0 stays up to say so
+
+
+def test_a_mismatched_start_is_refused_naming_the_difference(checkpoint, tmp_path):
+    procs = launch(tmp_path, checkpoint, "--layout", "tp:4", "--store-dir", "none", *FLAGS,
+                   per_process=lambda i: ("--num-pages", "64" if i == 0 else "32"))  # fmt: skip
+    codes = [p.wait(timeout=120) for p in procs]
+    assert codes[0] != 0 and codes[1] != 0
+    for i in range(2):
+        text = (tmp_path / f"process{i}.txt").read_text()
+        assert "process 1 was started with num_pages=32, but process 0 with num_pages=64" in text
