@@ -5,7 +5,8 @@ file I/O), `flip` (a live layout flip vs a plain copy and vs a restart), `serve`
 server under concurrent clients; cold vs stored-prefix TTFT), `requests` (structured output
 and parallel choices against their peers), `policy` (the phase policy replayed over a mixed
 trace against either static layout), `prefetch` (a stream's inter-token gaps while disk hits
-are served, reading on the engine thread vs on the store's worker). Each reports ratios, since a
+are served, reading on the engine thread vs on the store's worker), `multihost` (`tp:4` over two
+processes against one, and the plan broadcast's cost). Each reports ratios, since a
 single absolute time on a shared machine means little.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-BENCHMARKS = ("engine", "store", "flip", "serve", "requests", "policy", "prefetch")
+BENCHMARKS = ("engine", "store", "flip", "serve", "requests", "policy", "prefetch", "multihost")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.policy import main as run
     elif argv[0] == "prefetch":
         from flipjax.benchmarks.prefetch import main as run
+    elif argv[0] == "multihost":
+        from flipjax.benchmarks.multihost import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

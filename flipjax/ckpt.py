@@ -2,6 +2,8 @@
 
     convert HF_DIR OUT_DIR [--dtype bfloat16]   HF safetensors to an orbax checkpoint
     inspect OUT_DIR                             tree, shapes, dtypes and bytes
+    restore OUT_DIR --layout L [cluster flags]  restore into a layout, each process reading
+                                                only its shards; says what each one holds
 
 `Engine.from_pretrained` and `python -m flipjax.serve --model` accept either format.
 """
@@ -21,7 +23,15 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     inspect = commands.add_parser("inspect", help="list a converted checkpoint")
     inspect.add_argument("out_dir")
+    restore = commands.add_parser("restore", help="restore into a layout (one or many processes)")
+    restore.add_argument("out_dir")
+    restore.add_argument("--layout", default="single")
+    from flipjax.runtime import multihost
+
+    multihost.add_arguments(restore)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "restore":
+        return _restore(args)
 
     from flipjax.engine.engine import parse_dtype
     from flipjax.model import orbax_io as orbax_ckpt
@@ -36,6 +46,31 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<{width}}  {str(list(shape)):<18} {dtype:<9} {nbytes:>12,d}")
     total = sum(r[3] for r in rows)
     print(f"{len(rows)} arrays, {total:,d} bytes ({total / 2**20:.1f} MiB)")
+
+
+def _restore(args: argparse.Namespace) -> None:
+    from flipjax.runtime import multihost
+
+    cluster = multihost.initialize_from(args)
+    import jax
+
+    from flipjax.model import orbax_io
+    from flipjax.model.config import ModelConfig
+    from sharding.layout import placement_for
+
+    cfg = ModelConfig.from_hf(args.out_dir)
+    dtype = orbax_io.checkpoint_dtype(args.out_dir)
+    _, abstract = orbax_io.abstract_params(cfg, dtype)
+    shardings = placement_for(args.layout, cfg).param_shardings(abstract)
+    params = orbax_io.restore_params(args.out_dir, cfg, abstract, shardings)
+    leaves = jax.tree.leaves(params)
+    total = sum(x.nbytes for x in leaves)
+    local = sum(s.data.nbytes for x in leaves for s in x.addressable_shards)
+    print(
+        f"process {cluster.process_id} of {cluster.num_processes}: restored {len(leaves)} arrays "
+        f"into {args.layout}; its {jax.local_device_count()} devices hold {local / 2**20:.1f} "
+        f"MiB of the {total / 2**20:.1f} MiB checkpoint"
+    )
 
 
 if __name__ == "__main__":

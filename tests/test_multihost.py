@@ -37,6 +37,7 @@ FLAGS = (
 )  # fmt: skip
 PROMPTS = [[(7 * i + j) % 256 for j in range(11 + 5 * i)] for i in range(3)]
 LONG = [(3 * j + 1) % 256 for j in range(90)]  # pages and GDN states for the store
+EARLIER = [(5 * j + 2) % 256 for j in range(70)]  # published by one process, before the cluster
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +67,25 @@ def launch(log_dir, checkpoint: str, *flags: str, per_process=None) -> list[subp
     return procs
 
 
+def store_of(checkpoint: str, folder) -> object:
+    """A store over `folder`, with the identity the server derives from its flags."""
+    cfg = ModelConfig.from_hf(checkpoint)
+    bridge, _ = open_store(
+        cfg, files_fingerprint(checkpoint), "float32", PAGE, GRID, 2**28, str(folder), 2**30
+    )
+    return bridge
+
+
 @pytest.fixture(scope="module")
 def cluster(checkpoint, tmp_path_factory):
     logs = tmp_path_factory.mktemp("cluster")
+    # Before the cluster starts, one process publishes a prefix into the store it will open.
+    bridge = store_of(checkpoint, logs / "store")
+    single = Engine.from_pretrained(checkpoint, prefix_store=bridge, **ENGINE)
+    single.generate([EARLIER], max_new_tokens=6)
+    bridge.store.flush()
+    bridge.store.close()
+    del single
     port = _free_port()
     procs = launch(logs, checkpoint, "--layout", "tp:4", "--port", str(port), "--store-dir",
                    str(logs / "store"), *FLAGS)  # fmt: skip
@@ -120,10 +137,7 @@ def test_a_prefix_published_by_the_cluster_is_a_hit_for_one_process(cluster, che
         time.sleep(0.5)
     # A copy: the cluster's store stays its own.
     shutil.copytree(logs / "store", tmp_path / "store")
-    bridge, _ = open_store(
-        ModelConfig.from_hf(checkpoint), files_fingerprint(checkpoint), "float32", PAGE, GRID,
-        2**28, str(tmp_path / "store"), 2**30,
-    )  # fmt: skip
+    bridge = store_of(checkpoint, tmp_path / "store")
     engine = Engine.from_pretrained(
         checkpoint, layout="tp:2", prefix_store=bridge, prefetch_wait_s=30.0, **ENGINE
     )
@@ -132,7 +146,13 @@ def test_a_prefix_published_by_the_cluster_is_a_hit_for_one_process(cluster, che
     assert engine.prefix_counters["hit_tokens_disk"] == 64  # two 32-token GDN anchors of 90
     assert out.token_ids == served
 
-    # And back: the cluster seeds its sharded pages and states from its host tier.
+    # And the reverse: a prefix one process published before the cluster started.
+    earlier = complete(base, EARLIER, 6)
+    assert earlier["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
+    want = engine.generate([EARLIER], max_new_tokens=6)[0].token_ids
+    assert earlier["choices"][0]["token_ids"] == want
+
+    # The cluster seeds its sharded pages and states from its host tier too.
     assert httpx.post(f"{base}/flush_cache", timeout=60).status_code == 200
     again = complete(base, LONG, 6)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 64

@@ -88,6 +88,11 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def checkpoint_dtype(path: str) -> jnp.dtype:
+    """The dtype a converted checkpoint's parameters were written in."""
+    return jnp.dtype(_check_marker(path)["dtype"])
+
+
 def _check_marker(path: str) -> dict[str, Any]:
     with open(os.path.join(path, MARKER)) as f:
         marker = json.load(f)
