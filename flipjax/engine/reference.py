@@ -15,6 +15,7 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.qwen3_next import forward, init_cache
+from flipjax.runtime import multihost
 from flipjax.runtime.binding import Binding
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pow2_bucket
 
@@ -32,6 +33,8 @@ class ContiguousForward:
     def __call__(self, binding: Binding, ids: list[int]) -> np.ndarray:
         """Logits for every position of `ids`, [len(ids), vocab] float32, from the parameters
         where `binding` placed them."""
+        if multihost.current().multi:  # its programs are not announced to the other processes
+            raise ValueError("prompt_logits: one process only; a cluster scores through steps")
         if len(binding.stages) > 1:
             raise ValueError(
                 f"prompt_logits: runs the whole model in one program; flip from "

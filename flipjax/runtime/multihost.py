@@ -151,4 +151,6 @@ def lost_processes() -> list[int]:
 
 
 def _cluster_detected() -> bool:
-    return any(env.is_env_present() for env in clusters.ClusterEnv._cluster_types)
+    # As `jax.distributed.initialize` does: the opt-in kinds (mpi4py) only when asked for.
+    kinds = clusters.ClusterEnv._cluster_types
+    return any(env.is_env_present() for env in kinds if not env.opt_in_only_method)
