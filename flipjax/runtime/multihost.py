@@ -32,7 +32,7 @@ class ClusterMismatch(RuntimeError):
     """The processes of a cluster were started differently; nothing was served."""
 
 
-class ProcessLost(RuntimeError):
+class ProcessLost(Exception):
     """A process of the cluster died; the engine cannot step any more."""
 
     def __init__(self, lost: list[int], cause: BaseException | None = None):
