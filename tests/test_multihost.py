@@ -8,6 +8,7 @@ last test kills process 1.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -16,10 +17,12 @@ import threading
 import time
 
 import httpx
+import jax.numpy as jnp
 import openai
 import pytest
 
 from flipjax import Engine
+from flipjax.model import orbax_io
 from flipjax.model.config import ModelConfig
 from store.keys import files_fingerprint
 from store.open import open_store
@@ -50,7 +53,8 @@ def checkpoint(tmp_path_factory) -> str:
     return str(folder)
 
 
-def launch(log_dir, checkpoint: str, *flags: str, per_process=None) -> list[subprocess.Popen]:
+def launch(log_dir, checkpoint: str, *flags: str, per_process=None,
+           command=("flipjax.serve", "--model")) -> list[subprocess.Popen]:  # fmt: skip
     """Two processes of one cluster, each with two CPU devices; `per_process(i)` adds flags."""
     coordinator = f"127.0.0.1:{_free_port()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -58,7 +62,7 @@ def launch(log_dir, checkpoint: str, *flags: str, per_process=None) -> list[subp
     procs = []
     for i in range(2):
         extra = per_process(i) if per_process else ()
-        cmd = [sys.executable, "-m", "flipjax.serve", "--model", checkpoint, *flags, *extra,
+        cmd = [sys.executable, "-m", *command, checkpoint, *flags, *extra,
                "--coordinator-address", coordinator, "--num-processes", "2", "--process-id",
                str(i), "--heartbeat-timeout-s", str(HEARTBEAT_S)]  # fmt: skip
         with open(log_dir / f"process{i}.txt", "w") as log:
@@ -217,3 +221,18 @@ def test_a_mismatched_start_is_refused_naming_the_difference(checkpoint, tmp_pat
     for i in range(2):
         text = (tmp_path / f"process{i}.txt").read_text()
         assert "process 1 was started with num_pages=32, but process 0 with num_pages=64" in text
+
+
+def test_an_orbax_checkpoint_restores_each_process_its_own_shards(checkpoint, tmp_path):
+    orbax = str(tmp_path / "orbax")
+    orbax_io.convert(checkpoint, orbax, jnp.float32, progress=False)
+    procs = launch(tmp_path, orbax, "--layout", "tp:4", command=("flipjax.ckpt", "restore"))
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    held = []
+    for i in range(2):
+        text = (tmp_path / f"process{i}.txt").read_text()
+        m = re.search(rf"process {i} of 2: .* hold ([0-9.]+) MiB of the ([0-9.]+) MiB", text)
+        assert m, text
+        held.append((float(m.group(1)), float(m.group(2))))
+    (a, total), (b, _) = held
+    assert a < 0.75 * total and b < 0.75 * total  # split heads: neither holds the whole model
