@@ -101,15 +101,17 @@ def test_a_quiesced_request_is_checkpointed_mid_generation_and_resumes(model, st
 
 
 def test_an_unseeded_request_branches_with_its_rng_state(model, tmp_path):
-    """No seed given: the engine drew one, and the checkpoint must carry it."""
+    """No seed given: the engine drew one, and the checkpoint must carry it. The drawn seed
+    differs per run, so EOS is ignored: a draw that ends early must not end the test early."""
     engine = make(model, tmp_path)
-    rid = engine.add_request(PROMPT, SamplingParams(temperature=1.0, max_tokens=N))
+    params = SamplingParams(temperature=1.0, max_tokens=N, ignore_eos=True)
+    rid = engine.add_request(PROMPT, params)
     while len(engine.generated(rid)) < K:
         engine.step()
     summary = engine.checkpoint(request_id=rid, quiesce=True)
     original = run(engine, rid)
     branch = engine.branch(summary["checkpoint_id"], max_new_tokens=N - K)
-    assert original[:K] + run(engine, branch) == original
+    assert len(original) == N and original[:K] + run(engine, branch) == original
 
 
 def test_a_branch_across_a_flip_and_a_restart(model, straight, tmp_path):

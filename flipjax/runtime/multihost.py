@@ -13,8 +13,10 @@ where processes differ in checkpoint, config or flags, naming the first differen
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 import jax
@@ -26,6 +28,7 @@ log = logging.getLogger("flipjax.multihost")
 
 HEARTBEAT_S = 10  # a lost process is known within this (the coordinator's heartbeat timeout)
 _FACTS_BYTES = 16384  # room for one process's start facts in the agreement
+EXIT_WAIT_S = 120  # how long a finished process waits for the others before it leaves anyway
 
 
 class ClusterMismatch(RuntimeError):
@@ -85,6 +88,8 @@ def initialize(
         coordinator_address, num_processes, process_id,
         heartbeat_timeout_seconds=heartbeat_timeout_s,
     )  # fmt: skip
+    # Runs before JAX's own exit hook (registered at import), which shuts the client down.
+    atexit.register(_leave_together)
     state = distributed.global_state  # what was given, or what JAX detected
     coordinator_address = state.coordinator_address
     _cluster = Cluster(state.process_id, state.num_processes, coordinator_address)
@@ -148,6 +153,29 @@ def lost_processes() -> list[int]:
     everyone = list(range(_cluster.num_processes))
     live = client.get_live_nodes(everyone)
     return [p for p in everyone if p not in live]
+
+
+def _leave_together() -> None:
+    """With recoverable tasks the coordinator's shutdown barrier waits for no one, so process 0
+    could stop the coordination service while another process is still finishing or still
+    disconnecting, and that process would abort on its way out. So every process meets here,
+    the others disconnect, and process 0 stops the service once they are gone."""
+    state = distributed.global_state
+    if state.client is None:
+        return
+    try:
+        state.client.wait_at_barrier("flipjax-exit", EXIT_WAIT_S * 1000)
+    except Exception as err:  # JaxRuntimeError: a process died, or is still busy
+        log.warning("process %d leaves without the others: %s", _cluster.process_id, err)
+        return
+    if not _cluster.leader:
+        state.shutdown()
+        return
+    others = list(range(1, _cluster.num_processes))
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while time.monotonic() < deadline and state.client.get_live_nodes(others):
+        time.sleep(0.05)
+    state.shutdown()
 
 
 def _cluster_detected() -> bool:
