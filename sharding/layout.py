@@ -116,22 +116,23 @@ def tp_rule(cfg: ModelConfig, width: int) -> tuple[ParamRule, PartitionSpec, Par
 
     def rule(name: str, shape: tuple[int, ...]) -> PartitionSpec:
         leaf = name.split(".layers.")[-1].split(".", 1)[-1] if ".layers." in name else name
-        if leaf.endswith(("q_proj.weight", "in_proj_qkvz.weight", "in_proj_ba.weight")):
-            return PartitionSpec(AXIS, None)
-        if leaf.endswith(("k_proj.weight", "v_proj.weight")):
-            return PartitionSpec(AXIS, None) if split_kv else REPLICATED
-        if leaf.endswith(("o_proj.weight", "out_proj.weight")) or (
-            leaf.endswith("down_proj.weight") and shape[1] % width == 0
-        ):
+        # A Linear's kernel is [in, out]: column-parallel splits out, row-parallel splits in.
+        if leaf.endswith(("q_proj.kernel", "in_proj_qkvz.kernel", "in_proj_ba.kernel")):
             return PartitionSpec(None, AXIS)
-        if leaf.endswith(("gate_proj.weight", "up_proj.weight")) and shape[0] % width == 0:
+        if leaf.endswith(("k_proj.kernel", "v_proj.kernel")):
+            return PartitionSpec(None, AXIS) if split_kv else REPLICATED
+        if leaf.endswith(("o_proj.kernel", "out_proj.kernel")) or (
+            leaf.endswith("down_proj.kernel") and shape[0] % width == 0
+        ):
             return PartitionSpec(AXIS, None)
+        if leaf.endswith(("gate_proj.kernel", "up_proj.kernel")) and shape[1] % width == 0:
+            return PartitionSpec(None, AXIS)
         if leaf.endswith(("experts.gate_proj", "experts.up_proj")) and shape[2] % width == 0:
             return PartitionSpec(None, None, AXIS)
         if leaf.endswith("experts.down_proj") and shape[1] % width == 0:
             return PartitionSpec(None, AXIS, None)
-        if name == "lm_head.weight" and shape[0] % width == 0:
-            return PartitionSpec(AXIS, None)
+        if name == "lm_head.kernel" and shape[1] % width == 0:
+            return PartitionSpec(None, AXIS)
         if name == "model.embed_tokens.weight" and shape[1] % width == 0:
             return PartitionSpec(None, AXIS)
         return REPLICATED

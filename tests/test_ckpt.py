@@ -57,9 +57,9 @@ def test_restore_reads_straight_into_shardings(folders):
     _, abstract = orbax_ckpt.abstract_params(cfg, jnp.float32)
     shardings = placement_for("pp:3,1@2,2", cfg).param_shardings(abstract)
     params = orbax_ckpt.restore_params(out, cfg, abstract, shardings)
-    q = params["model"]["layers"][3]["self_attn"]["q_proj"]["weight"].get_value()
+    q = params["model"]["layers"][3]["self_attn"]["q_proj"]["kernel"].get_value()
     assert q.sharding.device_set == set(jax.devices()[2:4])  # the second stage's devices
-    assert {s.data.shape[0] for s in q.addressable_shards} == {q.shape[0] // 2}
+    assert {s.data.shape[1] for s in q.addressable_shards} == {q.shape[1] // 2}  # heads split
 
 
 def test_inspect_lists_every_array(folders, capsys):
@@ -67,7 +67,7 @@ def test_inspect_lists_every_array(folders, capsys):
     ckpt.main(["inspect", out])
     lines = capsys.readouterr().out.splitlines()
     names = {line.split()[0] for line in lines[:-1]}
-    assert "model.layers.3.self_attn.q_proj.weight" in names
+    assert "model.layers.3.self_attn.q_proj.kernel" in names
     assert "model.embed_tokens.weight" in names
     rows = orbax_ckpt.inspect(out)
     assert lines[-1].startswith(f"{len(rows)} arrays, {sum(r[3] for r in rows):,d} bytes")

@@ -72,9 +72,9 @@ def test_placements_split_what_they_say(engine):
     cfg = engine.config
     tp = placement_for("tp:2", cfg)
     shardings = tp.param_shardings(engine.params)
-    q = shardings["model"]["layers"][3]["self_attn"]["q_proj"]["weight"].get_value()
-    o = shardings["model"]["layers"][3]["self_attn"]["o_proj"]["weight"].get_value()
-    assert q.spec == P("tp", None) and o.spec == P(None, "tp")
+    q = shardings["model"]["layers"][3]["self_attn"]["q_proj"]["kernel"].get_value()
+    o = shardings["model"]["layers"][3]["self_attn"]["o_proj"]["kernel"].get_value()
+    assert q.spec == P(None, "tp") and o.spec == P("tp", None)  # kernels are [in, out]
     assert tp.state_shardings(cfg).kv[0].k.spec == P(None, None, "tp", None)
     assert tp.state_shardings(cfg).gdn[0].recurrent.spec == P(None, "tp", None, None)
     # Under the pipeline each stage's leaves live on its own device only.

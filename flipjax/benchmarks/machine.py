@@ -30,13 +30,21 @@ def copy_bandwidth_gbs(nbytes: int = 512 << 20) -> float:
     return 2 * nbytes / best_of(lambda: copy(x)) / 1e9
 
 
-def matvec_seconds(nbytes: int, width: int = 768) -> float:
-    """Time of one fp32 matrix-vector product over a `nbytes` matrix: the batch-1 decode floor."""
-    rows = nbytes // (4 * width)
-    w = jnp.ones((rows, width), jnp.float32) * 0.5
-    v = jnp.ones((width,), jnp.float32)
+def matvec_seconds(nbytes: int, width: int = 768, dtype: jnp.dtype = jnp.float32) -> float:
+    """Time of one matrix-vector product over a `nbytes` matrix: the batch-1 decode floor."""
+    rows = nbytes // (jnp.dtype(dtype).itemsize * width)
+    w = jnp.ones((rows, width), dtype) * 0.5
+    v = jnp.ones((width,), dtype)
     mv = jax.jit(lambda a, b: a @ b)
     return best_of(lambda: mv(w, v))
+
+
+def gemm_flops(m: int, k: int = 768, n: int = 32000, dtype: jnp.dtype = jnp.float32) -> float:
+    """FLOP/s of an [m, k] x [k, n] matmul: what a batch-m decode step's GEMMs can run at."""
+    a = jnp.ones((m, k), dtype)
+    b = jnp.ones((k, n), dtype) * 0.5
+    mm = jax.jit(lambda x, w: x @ w)
+    return 2 * m * k * n / best_of(lambda: mm(a, b))
 
 
 def matmul_tflops(n: int = 2048) -> float:

@@ -1,6 +1,9 @@
-"""Small building blocks named and shaped as in the HF checkpoint, so weight loading is a rename.
+"""Small building blocks named as in the HF checkpoint, so weight loading is a rename.
 
-`Linear.weight` is `[out, in]` like `nn.Linear`. The two RMSNorm flavours differ on purpose:
+`Linear.kernel` is `[in, out]`, the transpose of the checkpoint's `weight` (`nn.Linear`'s
+`[out, in]`); the loader transposes once. XLA:CPU runs a small-batch `x @ kernel` with the
+kernel `[in, out]` up to twice as fast as the same product against `[out, in]` (decode at batch
+8: 253 -> 340 tok/s on the benchmark model). The two RMSNorm flavours differ on purpose:
 the layer norms are zero-centred (`1 + w`), the GDN output norm is not (`w`). Both normalise in
 fp32 because the checkpoints were trained that way.
 """
@@ -19,13 +22,15 @@ def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float
 
 
 class Linear(nnx.Module):
-    """Bias-free linear layer; weight: [out, in]."""
+    """Bias-free linear layer; kernel: [in, out] (the checkpoint's `weight`, transposed)."""
 
     def __init__(self, in_features: int, out_features: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.weight = nnx.Param(_normal(rngs, (out_features, in_features), dtype, 0.02))
+        # Drawn as [out, in] and transposed, so a seed gives the weights it always gave.
+        w = _normal(rngs, (out_features, in_features), dtype, 0.02)
+        self.kernel = nnx.Param(w.T)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return jnp.einsum("...i,oi->...o", x, self.weight[...])
+        return jnp.einsum("...i,io->...o", x, self.kernel[...])
 
 
 class Embedding(nnx.Module):

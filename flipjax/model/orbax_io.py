@@ -26,7 +26,7 @@ from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.weights import load_params, param_name
 
 MARKER = "flipjax_orbax.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: Linear kernels are [in, out]
 PARAMS_DIR = "params"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _HF_TYPE = {"model_type": "qwen3_next"}
@@ -99,7 +99,7 @@ def _check_marker(path: str) -> dict[str, Any]:
     if marker.get("format") != FORMAT_VERSION:
         raise ValueError(
             f"{path}: orbax checkpoint format {marker.get('format')!r} is not the supported "
-            f"{FORMAT_VERSION}"
+            f"{FORMAT_VERSION}; convert the HF checkpoint again with `python -m flipjax.ckpt convert`"
         )
     return marker
 

@@ -1,7 +1,8 @@
 """Qwen3-Next hybrid decoder in Flax NNX, and the functional forward over explicit caches.
 
-Module and parameter names mirror the HF checkpoint (`model.layers.3.self_attn.q_proj.weight`),
-so the loader is a rename plus the expert stacking. The cache is a tuple with one entry per
+Module names mirror the HF checkpoint (`model.layers.3.self_attn.q_proj`), so the loader is a
+rename plus two transposes: a `Linear` keeps its `weight` as an [in, out] `kernel`, and the
+experts are stacked [E, in, out]. The cache is a tuple with one entry per
 layer: an attention cache (anything with `update_and_attend`) for full-attention layers, a
 `GDNState` for linear-attention layers. `forward` is pure over (params, cache) so it can be
 jitted once and placed under any sharding.

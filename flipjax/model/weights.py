@@ -25,6 +25,7 @@ from flipjax.model.config import ModelConfig
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+_KERNEL = ".kernel"  # a `Linear`'s [in, out]: the checkpoint's `.weight` [out, in], transposed
 _IGNORED_PREFIXES = ("mtp.",)
 
 
@@ -79,6 +80,9 @@ class _Reader:
 
 def _sources(name: str, shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Checkpoint tensors (and their expected shapes) that make up one model parameter."""
+    if name.endswith(_KERNEL):
+        yield name.removesuffix(_KERNEL) + ".weight", (shape[1], shape[0])
+        return
     match = _EXPERT.match(name)
     if match is None:
         yield name, shape
@@ -138,9 +142,12 @@ def load_params(
     arrays = []
     todo = zip(leaves, plan, strict=True)
     for (key_path, _), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
-        if not _EXPERT.match(param_name(key_path)):
-            host = reader.read(parts[0])
-        else:
+        name = param_name(key_path)
+        if name.endswith(_KERNEL):
+            host = np.ascontiguousarray(reader.read(parts[0]).T)
+        elif _EXPERT.match(name):
             host = np.stack([reader.read(p).T for p in parts])
+        else:
+            host = reader.read(parts[0])
         arrays.append(jnp.asarray(host, dtype=dtype) if on_device else host.astype(dtype))
     return jax.tree_util.tree_unflatten(treedef, arrays)

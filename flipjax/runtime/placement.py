@@ -24,7 +24,7 @@ from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
 from flipjax.runtime.stages import StageSpan
 
 REPLICATED = PartitionSpec()
-# (parameter path like "model.layers.3.self_attn.q_proj.weight", shape) -> spec in its stage
+# (parameter path like "model.layers.3.self_attn.q_proj.kernel", shape) -> spec in its stage
 ParamRule = Callable[[str, tuple[int, ...]], PartitionSpec]
 
 
