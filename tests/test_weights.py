@@ -7,11 +7,14 @@ import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from flipjax import Engine
+from flipjax.model.layers import Linear
 from flipjax.model.weights import WeightsError
 from tests.hf_oracle import make_checkpoint
 
@@ -83,6 +86,17 @@ def test_bfloat16_load_keeps_bf16_weights(checkpoint, reference_logits):
     logits = engine.prompt_logits(PROMPT)
     # bf16 keeps ~3 significant digits; through 4 layers the logits drift by about 0.15 here.
     assert np.abs(logits - reference_logits).max() < 0.25
+
+
+@pytest.mark.parametrize("lead", [(1,), (1, 1), (3, 5)])
+def test_a_bf16_linear_is_the_fp32_product_rounded_for_one_row_and_many(lead):
+    """One row takes its own path on the CPU (padded to two); every shape must give x @ kernel."""
+    lin = Linear(64, 48, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (*lead, 64)).astype(jnp.bfloat16)
+    want = x.astype(jnp.float32) @ lin.kernel[...].astype(jnp.float32)
+    got = lin(x)
+    assert got.shape == want.shape and got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2**-7, atol=1e-6)
 
 
 def test_missing_tensor_is_named(checkpoint, tmp_path):
