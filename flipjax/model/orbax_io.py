@@ -99,7 +99,8 @@ def _check_marker(path: str) -> dict[str, Any]:
     if marker.get("format") != FORMAT_VERSION:
         raise ValueError(
             f"{path}: orbax checkpoint format {marker.get('format')!r} is not the supported "
-            f"{FORMAT_VERSION}; convert the HF checkpoint again with `python -m flipjax.ckpt convert`"
+            f"{FORMAT_VERSION}; convert the HF checkpoint again (`python -m flipjax.ckpt "
+            "convert`)"
         )
     return marker
 
