@@ -4,7 +4,8 @@ Modes: `pallas` (compiled Pallas kernels, the default on GPU), `reference` (the 
 references, the default elsewhere) and `interpret` (the Pallas kernels in interpret mode, so
 the CPU tests exercise the kernel code itself). `FLIPJAX_KERNELS` overrides the default; a
 program being traced can pin a mode with `kernels(mode)`, which is how a compiled step records
-the mode it was built for. The mode is read at trace time, never inside a compiled program.
+the mode it was built for. Under `head_parallel.across(mesh)` the kernels run per device over
+their shard of heads. The mode is read at trace time, never inside a compiled program.
 This module imports nothing from flipjax.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import jax
 
-from kernels_pallas import gdn_reference
+from kernels_pallas import gdn_reference, head_parallel
 from kernels_pallas.gdn import delta_rule_kernel
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
@@ -80,17 +81,14 @@ def paged_attention(
     num_blocks = -(-page_table.shape[1] // pages_per_block)
     tiles = b * hkv * -(-rows // block_rows)
     splits = 1 if mode == "interpret" else max(1, min(num_blocks, _TARGET_PROGRAMS // tiles))
-    return ragged_paged_attention(
-        q,
-        k_pages,
-        v_pages,
-        page_table,
-        positions,
-        block_rows=block_rows,
-        pages_per_block=pages_per_block,
-        kv_splits=splits,
-        interpret=mode == "interpret",
-    )
+    kernel = functools.partial(
+        ragged_paged_attention, block_rows=block_rows, pages_per_block=pages_per_block,
+        kv_splits=splits, interpret=mode == "interpret",
+    )  # fmt: skip
+    mesh = head_parallel.current()
+    if mesh is not None:
+        kernel = head_parallel.attention(kernel, mesh)
+    return kernel(q, k_pages, v_pages, page_table, positions)
 
 
 def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
@@ -103,7 +101,9 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
     """
     mode = current_mode()
     if mode != "reference":
-        return functools.partial(delta_rule_kernel, interpret=mode == "interpret")
+        kernel = functools.partial(delta_rule_kernel, interpret=mode == "interpret")
+        mesh = head_parallel.current()
+        return kernel if mesh is None else head_parallel.delta_rule(kernel, mesh)
     if num_tokens == 1:
         return gdn_reference.delta_rule_recurrent
     form = os.environ.get(PREFILL_FORM_ENV) or (

@@ -200,7 +200,7 @@ def compile_programs(
     state = _abstract(binding.state, state_sh)
     shapes = list(shapes)
     for s in stages if stages is not None else range(len(binding.stages)):
-        span = binding.stages[s].span
+        span, mesh = binding.stages[s].span, binding.stages[s].mesh
         rep = binding._inputs[s]
         kv = tuple(state.kv[i] for i in binding._kv_ids[s])
         gdn = tuple(state.gdn[i] for i in binding._gdn_ids[s])
@@ -211,7 +211,7 @@ def compile_programs(
         scoring = score if span.last else None
         out_sh = rep if scoring is None else (rep, Scores(rep, rep, rep))
         step_fn = jax.jit(
-            functools.partial(stage_step, cfg, binding.parts, span, binding.kernels, scoring),
+            functools.partial(stage_step, cfg, binding.parts, span, binding.kernels, scoring, mesh),
             donate_argnums=(1,),
             out_shardings=(out_sh, kv_sh, rows_sh),
         )

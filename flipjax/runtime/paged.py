@@ -19,12 +19,13 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from flipjax.model.config import FULL_ATTENTION, ModelConfig
 from flipjax.model.gated_deltanet import GDNState
 from flipjax.runtime.cache import GDNSlots, KVPages
 from flipjax.runtime.stages import ModelParts, StageParams, StageSpan, stage_forward
-from kernels_pallas import dispatch
+from kernels_pallas import dispatch, head_parallel
 from kernels_pallas.paged_attention import write_pages
 
 
@@ -57,6 +58,7 @@ def stage_step(
     span: StageSpan,
     kernels: str,
     score: int | None,
+    mesh: Mesh,
     params: StageParams,
     kv: tuple[KVPages, ...],
     gdn: tuple[GDNSlots, ...],
@@ -71,7 +73,9 @@ def stage_step(
 
     Returns the stage's output (hidden, or on the last stage float32 logits at each row's last
     real token, [B, vocab]), its updated KV pages, and each of its GDN layers' new per-row
-    state ([B, ...]) for `write_slots`. `kernels` is the kernel dispatch mode it is traced in.
+    state ([B, ...]) for `write_slots`. `kernels` is the kernel dispatch mode it is traced in;
+    the kernels run per device over its heads of the stage's `mesh` (see
+    `kernels_pallas.head_parallel`).
     With `score` (a number of top alternatives) the last stage also returns the `Scores` of
     `targets` [B, T], the token after each position: (logits, scores).
     """
@@ -93,7 +97,7 @@ def stage_step(
                 )
             )
     scoring = score is not None and span.last
-    with dispatch.kernels(kernels):
+    with dispatch.kernels(kernels), head_parallel.across(mesh):
         out, new_caches = stage_forward(
             parts, span, params, x, positions, tuple(caches), every_position=scoring
         )

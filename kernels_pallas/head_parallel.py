@@ -1,0 +1,85 @@
+"""Run a kernel per device over its own shard of heads (`shard_map`), under tensor parallelism.
+
+A Pallas call is opaque to the partitioner: handed arrays sharded over heads, it gathers them
+whole onto every device and runs the full kernel there, so every decode step would move the
+KV pools across devices. Inside `across(mesh)` (entered by the stage step of a layout whose
+mesh has more than one device) the kernels are wrapped in `shard_map` over the mesh's one axis
+instead, with the specs the layouts give the pools: heads split, everything else replicated.
+The pure-JAX references need none of this; the partitioner splits them by itself.
+
+Attention's KV heads may be fewer than the devices (they are then replicated); when each
+device's query heads share one KV head, the device slices it out, and otherwise (a rare head
+count) the call is left to the partitioner. This module imports nothing from flipjax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
+import jax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+_mesh: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar(
+    "flipjax_head_mesh", default=None
+)
+
+
+@contextlib.contextmanager
+def across(mesh: Mesh | None) -> Iterator[None]:
+    """Kernels called inside run per device over `mesh`'s one axis (a no-op for one device)."""
+    if mesh is not None and len(mesh.axis_names) != 1:
+        raise ValueError(f"head parallel: a 1-D mesh is needed, got axes {mesh.axis_names}")
+    token = _mesh.set(mesh if mesh is not None and mesh.size > 1 else None)
+    try:
+        yield
+    finally:
+        _mesh.reset(token)
+
+
+def current() -> Mesh | None:
+    return _mesh.get()
+
+
+def attention(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax.Array]:
+    """`kernel(q, k_pages, v_pages, page_table, positions)` per device over its query heads."""
+    (axis,) = mesh.axis_names
+    width = mesh.shape[axis]
+    heads = P(None, None, axis, None)
+
+    def run(q, k_pages, v_pages, page_table, positions):
+        h, hkv = q.shape[2], k_pages.shape[2]
+        per_device, group = h // width, h // hkv
+        if hkv % width == 0:
+            kv, local = heads, kernel
+        elif h % width == 0 and group % per_device == 0:
+
+            def local(q, k, v, table, pos):
+                first = jax.lax.axis_index(axis) * per_device // group
+                k, v = (jax.lax.dynamic_slice_in_dim(a, first, 1, axis=2) for a in (k, v))
+                return kernel(q, k, v, table, pos)
+
+            kv = P()
+        else:  # a device's query heads span several KV heads: left to the partitioner
+            return kernel(q, k_pages, v_pages, page_table, positions)
+        return jax.shard_map(
+            local, mesh=mesh, in_specs=(heads, kv, kv, P(), P()), out_specs=heads,
+            check_vma=False,
+        )(q, k_pages, v_pages, page_table, positions)  # fmt: skip
+
+    return run
+
+
+def delta_rule(
+    kernel: Callable[..., tuple[jax.Array, jax.Array]], mesh: Mesh
+) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """`kernel(q, k, v, g, beta, state, valid)` per device over its key and value heads (both
+    split, so each key head stays with the value heads it serves)."""
+    (axis,) = mesh.axis_names
+    heads, gates, state = P(None, None, axis, None), P(None, None, axis), P(None, axis, None, None)
+    return jax.shard_map(
+        kernel, mesh=mesh, in_specs=(heads, heads, heads, gates, gates, state, P()),
+        out_specs=(heads, state), check_vma=False,
+    )  # fmt: skip

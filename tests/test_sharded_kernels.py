@@ -1,0 +1,83 @@
+"""The Pallas kernels under a sharded layout: each device runs its own shard of heads.
+
+A kernel is opaque to the partitioner, so without `shard_map` around it every device would be
+handed whole pools. These run the kernels in interpret mode on the CPU mesh: the tokens of a
+TP and of a two-device-stage pipeline are the single-device reference's, and no compiled step
+gathers a head-sharded pool.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from flipjax import Engine
+from kernels_pallas import dispatch, head_parallel
+from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
+from tests.test_kernels import paged_case
+
+OPTIONS = dict(num_pages=64, max_running_requests=2, max_prefill_tokens=32)
+PROMPTS = [[(i * 11 + 5) % 256 for i in range(n)] for n in (3, 40)]
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[list[int]]:
+    engine = Engine.from_pretrained("tiny", **OPTIONS)
+    return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=5)]
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "interpret")
+
+
+@pytest.mark.parametrize("layout", ["tp:2", "pp:4,4@2,2"])
+def test_sharded_layouts_with_kernels_give_the_reference_tokens(interpret, reference, layout):
+    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
+    assert engine.runner.kernels == "interpret"
+    assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=5)] == reference
+    engine.check()
+
+
+def _gathers_of_pools(engine: Engine, shape: tuple[int, int]) -> list[str]:
+    """The all-gathers in the compiled step of `shape` whose result is a whole pool, or the
+    whole (all heads) GDN states of the step's rows."""
+    state = engine.runner.state
+    pools = {tuple(x.shape) for x in jax.tree.leaves(state)}
+    pools |= {(shape[0], *g.recurrent.shape[1:]) for g in state.gdn}
+    step, _ = engine.runner.binding.programs(0, shape)
+    text = step.as_text()
+    found = []
+    for line in text.splitlines():
+        m = re.search(r"= \w+\[([\d,]+)\]\S* all-gather", line)
+        if m and tuple(int(d) for d in m.group(1).split(",")) in pools:
+            found.append(line.strip()[:160])
+    return found
+
+
+def test_a_tp_step_never_gathers_a_sharded_pool(interpret):
+    engine = Engine.from_pretrained("tiny", layout="tp:2", **OPTIONS)
+    for shape in ((2, 1), (1, 16)):  # a decode step (paged attention, GDN step), a prefill chunk
+        assert _gathers_of_pools(engine, shape) == [], shape
+
+
+@pytest.mark.parametrize("devices", [2, 4])  # 2: KV heads split; 4: replicated, sliced per device
+def test_head_parallel_attention_is_the_reference_on_every_device_count(devices):
+    q, k, v, table, positions = paged_case(3, [(37, 1), (20, 1), (9, 9)], 2, 2, 8, jnp.float32)
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
+    heads = NamedSharding(mesh, P(None, None, "tp", None))
+    kv = heads if devices == 2 else NamedSharding(mesh, P())
+    kernel = functools.partial(ragged_paged_attention, interpret=True)
+    run = jax.jit(head_parallel.attention(kernel, mesh))
+    got = run(jax.device_put(q, heads), jax.device_put(k, kv), jax.device_put(v, kv), table,
+              positions)  # fmt: skip
+    want = paged_attention_reference(q, k, v, table, positions)
+    valid = np.asarray(positions >= 0)
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=1e-5)
