@@ -6,15 +6,18 @@ server under concurrent clients; cold vs stored-prefix TTFT), `requests` (struct
 and parallel choices against their peers), `policy` (the phase policy replayed over a mixed
 trace against either static layout), `prefetch` (a stream's inter-token gaps while disk hits
 are served, reading on the engine thread vs on the store's worker), `multihost` (`tp:4` over two
-processes against one, and the plan broadcast's cost). Each reports ratios, since a
-single absolute time on a shared machine means little.
+processes against one, and the plan broadcast's cost), `gpu` (the Pallas kernels against the
+XLA references on an accelerator: kernel checks, decode, a long prefill, a flip). Each
+reports ratios, since a single absolute time on a shared machine means little.
 """
 
 from __future__ import annotations
 
 import sys
 
-BENCHMARKS = ("engine", "store", "flip", "serve", "requests", "policy", "prefetch", "multihost")
+BENCHMARKS = (
+    "engine", "store", "flip", "serve", "requests", "policy", "prefetch", "multihost", "gpu",
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.prefetch import main as run
     elif argv[0] == "multihost":
         from flipjax.benchmarks.multihost import main as run
+    elif argv[0] == "gpu":
+        from flipjax.benchmarks.gpu import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

@@ -57,15 +57,15 @@ class Timing:
     peak_mb: float
 
 
-def _measure(run: Callable[[int], None], batch: int, prompt_len: int, decode: int) -> Timing:
+def measure(run: Callable[[int], None], batch: int, prompt_len: int, decode: int) -> Timing:
     """run(n) generates n tokens for the whole batch; best of two of each length."""
     with PeakRSS() as mem:
-        t1 = min(_timed(lambda: run(1)) for _ in range(2))
-        tn = min(_timed(lambda: run(decode + 1)) for _ in range(2))
+        t1 = min(timed(lambda: run(1)) for _ in range(2))
+        tn = min(timed(lambda: run(decode + 1)) for _ in range(2))
     return Timing(batch * prompt_len / t1, batch * decode / (tn - t1), mem.peak_delta / 2**20)
 
 
-def _timed(fn: Callable[[], None]) -> float:
+def timed(fn: Callable[[], None]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> None:
             params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
             engine.generate([list(map(int, p)) for p in prompts], sampling=params)
 
-        fj = _measure(run_fj, batch, args.prompt_len, args.decode_tokens)
-        ref = _measure(run_hf, batch, args.prompt_len, args.decode_tokens)
+        fj = measure(run_fj, batch, args.prompt_len, args.decode_tokens)
+        ref = measure(run_hf, batch, args.prompt_len, args.decode_tokens)
         for name, t in (("transformers", ref), ("flipjax", fj)):
             print(f"{batch:>5} {name:>12} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f} "
                   f"{t.peak_mb:>8.0f}")  # fmt: skip
