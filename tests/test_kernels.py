@@ -140,23 +140,6 @@ def test_dispatch_modes(monkeypatch):
         dispatch.current_mode()
 
 
-def test_engine_greedy_identical_with_kernels(monkeypatch):
-    """End to end on the tiny model: the interpreted kernels and the references agree."""
-    from flipjax import Engine
-
-    prompts = [[(i * 11 + 5) % 256 for i in range(n)] for n in (3, 40)]
-    outputs = {}
-    for mode in ("reference", "interpret"):
-        monkeypatch.setenv(dispatch.KERNELS_ENV, mode)
-        engine = Engine.from_pretrained(
-            "tiny", num_pages=64, max_running_requests=2, max_prefill_tokens=32
-        )
-        assert engine.runner.kernels == mode
-        outputs[mode] = [o.token_ids for o in engine.generate(prompts, max_new_tokens=6)]
-        engine.check()
-    assert outputs["interpret"] == outputs["reference"]
-
-
 def test_check_script_runs_every_kernel(capsys):
     """`python -m kernels_pallas.check` on small shapes: one line per kernel, errors small."""
     from kernels_pallas import check

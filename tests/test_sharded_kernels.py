@@ -1,9 +1,9 @@
 """The Pallas kernels under a sharded layout: each device runs its own shard of heads.
 
 A kernel is opaque to the partitioner, so without `shard_map` around it every device would be
-handed whole pools. These run the kernels in interpret mode on the CPU mesh: the tokens of a
-TP and of a two-device-stage pipeline are the single-device reference's, and no compiled step
-gathers a head-sharded pool.
+handed whole pools. These run the kernels in interpret mode on the CPU mesh: the tokens on one
+device, under TP and under a two-device-stage pipeline are the pure-JAX reference's, and no
+compiled step gathers a head-sharded pool.
 """
 
 from __future__ import annotations
@@ -33,14 +33,24 @@ def reference() -> list[list[int]]:
     return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=5)]
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv(dispatch.KERNELS_ENV, "interpret")
+@pytest.fixture(scope="module")
+def engines():
+    """One engine per layout, its kernels interpreted; built on first use."""
+    built: dict[str, Engine] = {}
+
+    def get(layout: str) -> Engine:
+        if layout not in built:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv(dispatch.KERNELS_ENV, "interpret")
+                built[layout] = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
+        return built[layout]
+
+    return get
 
 
-@pytest.mark.parametrize("layout", ["tp:2", "pp:4,4@2,2"])
-def test_sharded_layouts_with_kernels_give_the_reference_tokens(interpret, reference, layout):
-    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
+@pytest.mark.parametrize("layout", ["single", "tp:2", "pp:4,4@2,2"])
+def test_every_layout_with_kernels_gives_the_reference_tokens(engines, reference, layout):
+    engine = engines(layout)
     assert engine.runner.kernels == "interpret"
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=5)] == reference
     engine.check()
@@ -62,8 +72,8 @@ def _gathers_of_pools(engine: Engine, shape: tuple[int, int]) -> list[str]:
     return found
 
 
-def test_a_tp_step_never_gathers_a_sharded_pool(interpret):
-    engine = Engine.from_pretrained("tiny", layout="tp:2", **OPTIONS)
+def test_a_tp_step_never_gathers_a_sharded_pool(engines):
+    engine = engines("tp:2")
     for shape in ((2, 1), (1, 16)):  # a decode step (paged attention, GDN step), a prefill chunk
         assert _gathers_of_pools(engine, shape) == [], shape
 
