@@ -60,7 +60,8 @@ def _start(args: argparse.Namespace, store_dir: str, log: Any) -> tuple[subproce
 async def _stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict[str, Any]:
     """One streamed completion: time to first token, gaps between chunks, usage."""
     body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "ignore_eos": True}  # fmt: skip
+            "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
     first, last, gaps, usage = None, None, [], {}
     async with client.stream("POST", "/v1/completions", json=body) as r:
