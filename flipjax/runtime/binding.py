@@ -79,6 +79,9 @@ class Binding:
         pools = tuple((x.shape, x.dtype) for x in jax.tree.leaves(state))
         dtypes = tuple(sorted({str(x.dtype) for x in jax.tree.leaves(params)}))
         self._key_base = (cfg, parts, kernels, placement.key, pools, dtypes, table_width)
+        # Hashing the key (the model's graph definitions) costs about a millisecond; a step
+        # looks its programs up here instead.
+        self._found: dict[tuple[int, Shape, int | None], tuple[Any, Any]] = {}
 
     @classmethod
     def place(
@@ -149,13 +152,20 @@ class Binding:
             x: Any = tokens[rows, cols]
             for s in range(len(self.stages)):
                 step, write = self.programs(s, (rb, tb), score if s == last else None)
-                put = functools.partial(from_host, sharding=self._inputs[s])
-                slot_ids = put(slots[rows])
-                extra = () if score is None or s != last else (put(targets[rows, cols]),)
-                x = put(x) if s == 0 else reshard(x, self._inputs[s])  # the stage hand-off
+                host = [positions[rows, cols], table[rows], slots[rows]]
+                if score is not None and s == last:
+                    host.append(targets[rows, cols])
+                if s == 0:
+                    host.insert(0, x)
+                placed = from_host(tuple(host), self._inputs[s])  # one batched transfer
+                if s == 0:
+                    x, *placed = placed
+                else:
+                    x = reshard(x, self._inputs[s])  # the stage hand-off
+                pos, page_table, slot_ids, *extra = placed
                 x, kv, new_rows = step(
-                    self._params[s], self._kv[s], self._gdn[s], x,
-                    put(positions[rows, cols]), put(table[rows]), slot_ids, *extra,
+                    self._params[s], self._kv[s], self._gdn[s], x, pos, page_table, slot_ids,
+                    *extra,
                 )  # fmt: skip
                 self._kv[s] = kv
                 self._gdn[s] = settle(write(self._gdn[s], slot_ids, new_rows))
@@ -172,10 +182,14 @@ class Binding:
             return _concat(outs)
 
     def programs(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, Any]:
+        found = self._found.get((stage, shape, score))
+        if found is not None:
+            return found
         key = self._key(stage, shape, score)
         if key not in _programs:
             with self.compiles.watch():
                 compile_programs(self, [shape], stages=[stage], score=score)
+        self._found[(stage, shape, score)] = _programs[key]
         return _programs[key]
 
     def _key(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, ...]:

@@ -52,14 +52,17 @@ def replicate(x: jax.Array) -> jax.Array:
     return settle(_identity(_replicated_on(_ordered(x.sharding.device_set)))(x))
 
 
-def from_host(host: np.ndarray, sharding: Sharding) -> jax.Array:
-    """A host array that every process holds alike, laid out by `sharding`. In a cluster each
-    process writes its own shards: `jax.device_put` would first compare the value across
-    processes, one more collective per input of every step."""
+def from_host(host: Any, sharding: Sharding) -> Any:
+    """Host arrays (a pytree of them) that every process holds alike, laid out by `sharding`.
+    In a cluster each process writes its own shards: `jax.device_put` would first compare the
+    value across processes, one more collective per input of every step."""
     if not multihost.current().multi:
         return jax.device_put(host, sharding)
-    return jax.make_array_from_callback(
-        host.shape, sharding, lambda index: host[index], dtype=host.dtype
+    return jax.tree.map(
+        lambda a: jax.make_array_from_callback(
+            a.shape, sharding, lambda index: a[index], dtype=a.dtype
+        ),
+        host,
     )
 
 

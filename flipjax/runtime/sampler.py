@@ -96,24 +96,25 @@ def build_inputs(
         if r is not None and r.mask is not None:
             mask[i] = r.mask
 
-    def col(name: str, dtype: type) -> jax.Array:
-        return jnp.asarray(np.array([getattr(p, name) for p in params], dtype))
+    def col(name: str, dtype: type) -> np.ndarray:
+        return np.array([getattr(p, name) for p in params], dtype)
 
-    inputs = SamplerInputs(
+    host = SamplerInputs(
         temperature=col("temperature", np.float32),
-        top_k=jnp.asarray(np.array([max(p.top_k, 0) for p in params], np.int32)),
+        top_k=np.array([max(p.top_k, 0) for p in params], np.int32),
         top_p=col("top_p", np.float32),
         min_p=col("min_p", np.float32),
         repetition_penalty=col("repetition_penalty", np.float32),
         presence_penalty=col("presence_penalty", np.float32),
         frequency_penalty=col("frequency_penalty", np.float32),
-        seed=jnp.asarray(seeds),
-        step=jnp.asarray(steps),
-        prompt_ids=jnp.asarray(prompt),
-        output_ids=jnp.asarray(output),
-        bias=jnp.asarray(bias),
-        mask=jnp.asarray(mask),
+        seed=seeds,
+        step=steps,
+        prompt_ids=prompt,
+        output_ids=output,
+        bias=bias,
+        mask=mask,
     )
+    inputs = jax.device_put(host)  # one batched transfer, not thirteen
     num_logprobs = max((p.logprobs or 0 for p in params), default=0)
     flags = dict(
         use_penalties=penalties,
