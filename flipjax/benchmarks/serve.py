@@ -57,9 +57,11 @@ def _start(args: argparse.Namespace, store_dir: str, log: Any) -> tuple[subproce
     raise TimeoutError("server did not become healthy")
 
 
-async def _stream(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> dict[str, Any]:
+async def _stream(
+    client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int
+) -> dict[str, Any]:
     """One streamed completion: time to first token, gaps between chunks, usage."""
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     t0 = time.perf_counter()
@@ -89,7 +91,7 @@ async def _workload(base: str, args: argparse.Namespace) -> list[dict[str, Any]]
             out = []
             for r in range(args.requests):
                 prompt = f"{systems[(c + r) % SYSTEM_PROMPTS]}\nuser {c}.{r}: hello?"
-                out.append(await _stream(client, prompt, args.max_tokens))
+                out.append(await _stream(client, args.served, prompt, args.max_tokens))
             return out
 
         results = await asyncio.gather(*(client_loop(c) for c in range(args.clients)))
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as folder, open(os.path.join(folder, "log"), "w") as log:
         store = os.path.join(folder, "store")
         proc, base = _start(args, store, log)
+        # The name the server gives the model (the folder's name for a checkpoint).
+        args.served = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         try:
             asyncio.run(
                 _workload(base, argparse.Namespace(**{**vars(args), "requests": 1, "clients": 1}))
@@ -123,17 +127,19 @@ def main(argv: list[str] | None = None) -> None:
             wall = time.perf_counter() - t0
             tiers = _prefix_hits(base)
             long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(args.long))
-            cold = asyncio.run(_one(base, long_prompt))
-            device = asyncio.run(_one(base, long_prompt))
+            cold = asyncio.run(_one(base, args.served, long_prompt))
+            device = asyncio.run(_one(base, args.served, long_prompt))
             httpx.post(f"{base}/flush_cache", timeout=60).raise_for_status()
-            host = asyncio.run(_one(base, long_prompt))
+            host = asyncio.run(_one(base, args.served, long_prompt))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
         proc, base = _start(args, store, log)
+        # The name the server gives the model (the folder's name for a checkpoint).
+        args.served = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         try:
-            asyncio.run(_one(base, "warm up the programs " * 8))
-            disk = asyncio.run(_one(base, long_prompt))
+            asyncio.run(_one(base, args.served, "warm up the programs " * 8))
+            disk = asyncio.run(_one(base, args.served, long_prompt))
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -175,6 +181,6 @@ def _prefix_hits(base: str) -> dict[str, float]:
     return found
 
 
-async def _one(base: str, prompt: str) -> dict[str, Any]:
+async def _one(base: str, model: str, prompt: str) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=base, timeout=600) as client:
-        return await _stream(client, prompt, 4)
+        return await _stream(client, model, prompt, 4)
