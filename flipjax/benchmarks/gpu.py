@@ -35,20 +35,26 @@ GPU_CONFIG = dict(
 )  # fmt: skip
 
 
-def _engine(kernels: str, small: bool, batch: int, prompt_len: int, layout: str | None = None):
-    from flipjax import Engine
-    from flipjax.engine.config import EngineConfig
+@functools.cache
+def _model(small: bool) -> tuple[Any, jnp.dtype]:
+    """The one model every engine of the run is built over (engines copy what they place)."""
     from flipjax.model.config import ModelConfig
     from flipjax.model.qwen3_next import Qwen3NextForCausalLM
     from flipjax.model.tiny import tiny_model
+
+    if small:
+        return tiny_model(jnp.float32), jnp.float32
+    cfg = ModelConfig.from_hf({**GPU_CONFIG, "model_type": "qwen3_next"})
+    return Qwen3NextForCausalLM(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)), jnp.bfloat16
+
+
+def _engine(kernels: str, small: bool, batch: int, prompt_len: int, layout: str | None = None):
+    from flipjax import Engine
+    from flipjax.engine.config import EngineConfig
     from flipjax.model.tokenizer import ByteTokenizer
     from kernels_pallas import dispatch
 
-    if small:
-        model, dtype = tiny_model(jnp.float32), jnp.float32
-    else:
-        cfg = ModelConfig.from_hf({**GPU_CONFIG, "model_type": "qwen3_next"})
-        model, dtype = Qwen3NextForCausalLM(cfg, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)), jnp.bfloat16
+    model, dtype = _model(small)
     page = 16
     ec = EngineConfig(
         page_size=page, max_running_requests=batch, max_prefill_tokens=min(prompt_len, 2048),

@@ -34,18 +34,23 @@ def matvec_seconds(nbytes: int, width: int = 768, dtype: jnp.dtype = jnp.float32
     """Time of one matrix-vector product over a `nbytes` matrix: the batch-1 decode floor."""
     rows = nbytes // (jnp.dtype(dtype).itemsize * width)
     w = jnp.ones((width, rows), dtype) * 0.5
-    # As `Linear` runs it: low precision accumulates in fp32, over two rows (see there).
-    v = jnp.ones((1 if jnp.dtype(dtype) == jnp.float32 else 2, width), dtype)
+    v = jnp.ones((_rows(1, dtype), width), dtype)
     mv = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
     return best_of(lambda: mv(v, w))
 
 
 def gemm_flops(m: int, k: int = 768, n: int = 32000, dtype: jnp.dtype = jnp.float32) -> float:
     """FLOP/s of an [m, k] x [k, n] matmul: what a batch-m decode step's GEMMs can run at."""
-    a = jnp.ones((max(m, 1 if jnp.dtype(dtype) == jnp.float32 else 2), k), dtype)
+    a = jnp.ones((_rows(m, dtype), k), dtype)
     b = jnp.ones((k, n), dtype) * 0.5
     mm = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
     return 2 * m * k * n / best_of(lambda: mm(a, b))
+
+
+def _rows(m: int, dtype: jnp.dtype) -> int:
+    """The rows a product over `m` rows runs on, as `Linear` runs it: low precision accumulates
+    in fp32 over at least two rows (see there)."""
+    return m if jnp.dtype(dtype) == jnp.float32 else max(m, 2)
 
 
 def matmul_tflops(n: int = 2048) -> float:
