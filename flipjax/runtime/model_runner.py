@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
-from flipjax.runtime import cache_io, multihost
+from flipjax.runtime import cache_io, host_memory, multihost
 from flipjax.runtime.binding import Binding
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.runtime.cache import CacheState, init_cache_state
@@ -65,6 +65,7 @@ class ModelRunner:
         max_prefill_tokens: int,
         placement: Placement | None = None,
     ):
+        host_memory.keep_freed_buffers()  # the step's temporaries reuse memory, not fault it in
         self.cfg = cfg
         self.graphdef = graphdef
         self.num_slots = num_slots
