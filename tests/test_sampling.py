@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -17,6 +19,7 @@ from flipjax.runtime.sampler import (
     _apply_filters,
     _apply_penalties,
     build_inputs,
+    first_max,
     sample,
 )
 from flipjax.runtime.sampling import SamplingParams
@@ -84,6 +87,28 @@ def test_draws_follow_the_distribution():
     freq = np.bincount(np.asarray(out.tokens), minlength=8) / n
     np.testing.assert_allclose(freq[:4], [0.5, 0.25, 0.125, 0.125], atol=0.03)
     assert freq[4:].sum() == 0
+
+
+def test_first_max_is_jax_argmax_with_ties_nans_and_infinities():
+    rng = np.random.default_rng(5)
+    x = rng.integers(-3, 3, size=(9, 4000)).astype(np.float32)  # many ties
+    x[1, 17] = x[1, 900] = np.nan
+    x[2] = -np.inf
+    x[3, :10] = np.inf
+    x[4, 3999] = 99.0
+    x[5] = rng.normal(size=4000)
+    np.testing.assert_array_equal(first_max(jnp.asarray(x)), jnp.argmax(x, axis=-1))
+
+
+def test_a_draw_is_jax_categorical_for_the_same_key():
+    rng = np.random.default_rng(6)
+    logits = rng.normal(size=(6, VOCAB)).astype(np.float32)
+    params = SamplingParams(temperature=1.0)
+    inputs, flags = build_inputs([SamplerRow(params, s) for s in range(6)], 6, VOCAB)
+    out = sample(logits, inputs, **flags)
+    keys = [jax.random.fold_in(jax.random.key(s), 0) for s in range(6)]
+    expected = [int(jax.random.categorical(k, row)) for k, row in zip(keys, logits, strict=True)]
+    assert np.asarray(out.tokens).tolist() == expected
 
 
 def test_temperature_zero_is_argmax_and_seed_is_per_row():

@@ -168,6 +168,27 @@ def _apply_mask(logits: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.where(allowed.astype(bool), logits, -jnp.inf)
 
 
+def first_max(x: jax.Array) -> jax.Array:
+    """Index of each row's first maximum, as `jnp.argmax` gives it (a NaN counts as the maximum).
+
+    Two vectorised reductions (max, then the least index that reaches it): XLA:CPU's
+    argmax reduces value-index pairs one element at a time, about 4x slower over a 32k vocabulary
+    (2.3 -> 0.5 ms at 32 rows).
+    """
+    v = x.shape[-1]
+    top = jnp.max(x, axis=-1, keepdims=True)  # XLA:CPU's max may skip NaNs
+    ids = jnp.arange(v, dtype=jnp.int32)
+    # A NaN ranks by its index, a maximum by its index + v: one reduction finds either.
+    rank = jnp.where(jnp.isnan(x), ids, jnp.where(x == top, ids + v, 2 * v))
+    first = jnp.min(rank, axis=-1)
+    return jnp.where(first >= v, first - v, first).astype(jnp.int32)
+
+
+def _draw(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """`jax.random.categorical(key, logits)` for one row, by the same Gumbel-max draw."""
+    return first_max(jax.random.gumbel(key, logits.shape, logits.dtype) + logits)
+
+
 _STATIC = (
     "use_penalties", "use_filters", "use_random", "use_bias", "use_mask", "want_logprobs",
     "num_logprobs",
@@ -201,7 +222,7 @@ def sample(
         logits = logits + s.bias
     if use_mask:
         logits = _apply_mask(logits, s.mask)
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tokens = first_max(logits)
     if use_random:
         scaled = logits / jnp.maximum(s.temperature, 1e-6)[:, None]
         if use_filters:
@@ -209,7 +230,7 @@ def sample(
         keys = jax.vmap(lambda seed, step: jax.random.fold_in(jax.random.key(seed), step))(
             s.seed, s.step
         )
-        drawn = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+        drawn = jax.vmap(_draw)(keys, scaled)
         tokens = jnp.where(s.temperature > 0, drawn, tokens)
     chosen = jnp.zeros((b,), jnp.float32)
     top_lp = jnp.zeros((b, 0), jnp.float32)
