@@ -65,11 +65,34 @@ def bitmask_words(vocab: int) -> int:
 
 def build_inputs(
     rows: list[SamplerRow | None], batch: int, vocab: int
-) -> tuple[SamplerInputs, dict]:
-    """Pack rows (None = padding) into device arrays plus the static flags the sampler needs."""
+) -> tuple[SamplerInputs | None, dict]:
+    """Pack rows (None = padding) into device arrays plus the static flags the sampler needs.
+
+    A batch that only takes the argmax (greedy rows without penalties, biases or a grammar)
+    needs no per-row arrays: it gets None, and skips packing and transferring them.
+    """
     greedy = SamplingParams.greedy()
     params = [r.params if r is not None else greedy for r in rows] + [greedy] * (batch - len(rows))
-    penalties = any(p.uses_penalties for p in params)
+    num_logprobs = max((p.logprobs or 0 for p in params), default=0)
+    flags = dict(
+        use_penalties=any(p.uses_penalties for p in params),
+        use_filters=any(p.uses_filters for p in params),
+        use_random=any(p.temperature > 0 for p in params),
+        use_bias=any(r is not None and r.bias for r in rows),
+        use_mask=any(r is not None and r.mask is not None for r in rows),
+        want_logprobs=any(p.logprobs is not None for p in params),
+        num_logprobs=pow2_bucket(num_logprobs) if num_logprobs else 0,
+    )
+    if not any(flags[f] for f in ("use_penalties", "use_random", "use_bias", "use_mask")):
+        return None, flags
+    return _pack(rows, params, vocab, flags), flags
+
+
+def _pack(
+    rows: list[SamplerRow | None], params: list[SamplingParams], vocab: int, flags: dict
+) -> SamplerInputs:
+    batch = len(params)
+    penalties = flags["use_penalties"]
     lp = pow2_bucket(max((len(r.prompt_ids) for r in rows if r), default=1), 16) if penalties else 1
     lo = pow2_bucket(max((len(r.output_ids) for r in rows if r), default=1), 16) if penalties else 1
     prompt = np.full((batch, lp), -1, np.int32)
@@ -85,10 +108,8 @@ def build_inputs(
             prompt[i, : len(r.prompt_ids)] = r.prompt_ids
             output[i, : len(r.output_ids)] = r.output_ids
 
-    use_bias = any(r is not None and r.bias for r in rows)
-    use_mask = any(r is not None and r.mask is not None for r in rows)
-    bias = np.zeros((batch, vocab if use_bias else 1), np.float32)
-    mask = np.full((batch, bitmask_words(vocab) if use_mask else 1), -1, np.int32)
+    bias = np.zeros((batch, vocab if flags["use_bias"] else 1), np.float32)
+    mask = np.full((batch, bitmask_words(vocab) if flags["use_mask"] else 1), -1, np.int32)
     for i, r in enumerate(rows):
         if r is not None and r.bias:
             ids = np.fromiter(r.bias, np.int64)
@@ -114,18 +135,7 @@ def build_inputs(
         bias=bias,
         mask=mask,
     )
-    inputs = jax.device_put(host)  # one batched transfer, not thirteen
-    num_logprobs = max((p.logprobs or 0 for p in params), default=0)
-    flags = dict(
-        use_penalties=penalties,
-        use_filters=any(p.uses_filters for p in params),
-        use_random=any(p.temperature > 0 for p in params),
-        use_bias=use_bias,
-        use_mask=use_mask,
-        want_logprobs=any(p.logprobs is not None for p in params),
-        num_logprobs=pow2_bucket(num_logprobs) if num_logprobs else 0,
-    )
-    return inputs, flags
+    return jax.device_put(host)  # one batched transfer, not thirteen
 
 
 def _counts(ids: jax.Array, vocab: int) -> jax.Array:
@@ -198,7 +208,7 @@ _STATIC = (
 @functools.partial(jax.jit, static_argnames=_STATIC)
 def sample(
     logits: jax.Array,
-    s: SamplerInputs,
+    s: SamplerInputs | None,
     *,
     use_penalties: bool,
     use_filters: bool,
