@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--max-prefill-tokens", type=int, default=None,
-                   help="flipjax's prefill budget per step (default: every prompt of the largest "
-                        "batch; with less, a batch's first rows decode while its later prompts "
-                        "still prefill, and the decode rate also times those partial steps)")  # fmt: skip
+                   help="flipjax's prefill budget per step (default: every prompt of the "
+                        "largest batch; with less, a batch's first rows decode while its later "
+                        "prompts prefill, and the decode rate also times those steps)")  # fmt: skip
     args = p.parse_args(argv)
     try:
         import torch
