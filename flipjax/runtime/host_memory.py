@@ -8,7 +8,8 @@ so every step touches newly mapped pages: on the benchmark model at batch 32, ab
 almost none (0 to 200): one arena, no separate mappings, no trimming of the heap's free top.
 
 Peak memory is unchanged; memory freed after a peak stays with the process for reuse. Only
-glibc's malloc parameters change, once per process; with another libc this does nothing.
+glibc's malloc parameters change, once per process and whatever the backend (on a GPU the
+step's buffers are device memory, so there it changes little); with another libc, nothing.
 """
 
 from __future__ import annotations
