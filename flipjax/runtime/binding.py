@@ -31,6 +31,7 @@ from flipjax.runtime import multihost
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.cpu_dots import step_compiler_options
 from flipjax.runtime.crosshost import from_host, reshard, settle, to_leader
 from flipjax.runtime.paged import Scores, stage_step, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
@@ -242,7 +243,7 @@ def compile_programs(
             step = step_fn.lower(
                 stage_params(params, span), kv, gdn, x,
                 ints((b, t)), ints((b, binding.table_width)), ints((b,)), *extra,
-            ).compile()  # fmt: skip
+            ).compile(step_compiler_options(mesh, binding.dtype, b * t))  # fmt: skip
             rows = tuple(
                 GDNState(*(
                     jax.ShapeDtypeStruct((b, *a.shape[1:]), a.dtype, sharding=a.sharding)

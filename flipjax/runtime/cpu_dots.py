@@ -1,0 +1,25 @@
+"""Which XLA:CPU matmul library a step program uses, by the height of its matmuls.
+
+XLA:CPU emits dots (and some reductions) as YNNPACK fusions by default, which run a dot of a few
+rows on one thread. Without those fusions dots go to Eigen, whose dots use both threads of the
+pool, so fp32 matmuls of 8 to 16 rows run faster through Eigen: the benchmark model's matmuls at
+8 rows took 13.0 against 13.9 ms, at 16 rows 15.4 against 18.2, and a whole decode step at batch
+16 25.4 against 29.2 ms. From 32 rows up YNNPACK is faster (26.4 against 32.2 ms at 32 rows),
+and at up to 4 rows the two are even. Eigen has no fast bf16 dot (8 rows: 119 against 11.5 ms),
+so low-precision programs always keep YNNPACK.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+EIGEN_ROWS = range(8, 17)  # fp32 matmul heights Eigen was measured faster at (8 and 16)
+
+
+def step_compiler_options(mesh: Mesh, dtype: jnp.dtype, rows: int) -> dict[str, str]:
+    """XLA options for a step program over `mesh` whose matmuls have `rows` rows."""
+    on_cpu = mesh.devices.flat[0].platform == "cpu"
+    if on_cpu and jnp.dtype(dtype) == jnp.float32 and rows in EIGEN_ROWS:
+        return {"xla_cpu_experimental_ynn_fusion_type": ""}  # no YNNPACK fusions: Eigen dots
+    return {}
