@@ -2,11 +2,12 @@
 
 XLA:CPU emits dots (and some reductions) as YNNPACK fusions by default, which run a dot of a few
 rows on one thread. Without those fusions dots go to Eigen, whose dots use both threads of the
-pool, so fp32 matmuls of 8 to 16 rows run faster through Eigen: the benchmark model's matmuls at
-8 rows took 13.0 against 13.9 ms, at 16 rows 15.4 against 18.2, and a whole decode step at batch
-16 25.4 against 29.2 ms. From 32 rows up YNNPACK is faster (26.4 against 32.2 ms at 32 rows),
-and at up to 4 rows the two are even. Eigen has no fast bf16 dot (8 rows: 119 against 11.5 ms),
-so low-precision programs always keep YNNPACK.
+pool, so fp32 matmuls of 8 to 16 rows run faster through Eigen. On the benchmark model the
+matmuls alone took 13.0 against 13.9 ms at 8 rows and 15.4 against 18.2 at 16; whole engine steps,
+alternated in one process, 27.1 against 30.2 ms at batch 16 and 2-3% less at batch 8. From 32
+rows up YNNPACK is faster (26.4 against 32.2 ms at 32 rows), and at up to 4 rows the two are
+even. Eigen has no fast bf16 dot (8 rows: 119 against 11.5 ms), so low-precision programs always
+keep YNNPACK.
 """
 
 from __future__ import annotations
