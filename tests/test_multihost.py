@@ -233,6 +233,8 @@ def test_an_orbax_checkpoint_restores_each_process_its_own_shards(checkpoint, tm
         text = (tmp_path / f"process{i}.txt").read_text()
         m = re.search(rf"process {i} of 2: .* hold ([0-9.]+) MiB of the ([0-9.]+) MiB", text)
         assert m, text
+        for sign in ("Traceback", "could not see the others leave"):
+            assert sign not in text, f"process {i} did not leave cleanly:\n{text}"
         held.append((float(m.group(1)), float(m.group(2))))
     (a, total), (b, _) = held
     assert a < 0.75 * total and b < 0.75 * total  # split heads: neither holds the whole model
