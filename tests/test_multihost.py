@@ -71,6 +71,22 @@ def launch(log_dir, checkpoint: str, *flags: str, per_process=None,
     return procs
 
 
+def exit_codes(procs: list[subprocess.Popen], log_dir, timeout_s: float = 180) -> list[int]:
+    """Each process's exit code; a process still running after `timeout_s` is killed, and the
+    failure carries every process's log, since a hang shows only there."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        return [p.wait(timeout=max(deadline - time.monotonic(), 0)) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        logs = "\n".join(
+            f"--- process {i} ---\n" + (log_dir / f"process{i}.txt").read_text()
+            for i in range(len(procs))
+        )
+        pytest.fail(f"a process was still running after {timeout_s:.0f} s:\n{logs}")
+
+
 def store_of(checkpoint: str, folder) -> object:
     """A store over `folder`, with the identity the server derives from its flags."""
     cfg = ModelConfig.from_hf(checkpoint)
@@ -216,7 +232,7 @@ def test_a_lost_process_is_reported_within_the_heartbeat(cluster):
 def test_a_mismatched_start_is_refused_naming_the_difference(checkpoint, tmp_path):
     procs = launch(tmp_path, checkpoint, "--layout", "tp:4", "--store-dir", "none", *FLAGS,
                    per_process=lambda i: ("--num-pages", "64" if i == 0 else "32"))  # fmt: skip
-    codes = [p.wait(timeout=120) for p in procs]
+    codes = exit_codes(procs, tmp_path)
     assert codes[0] != 0 and codes[1] != 0
     for i in range(2):
         text = (tmp_path / f"process{i}.txt").read_text()
@@ -227,7 +243,7 @@ def test_an_orbax_checkpoint_restores_each_process_its_own_shards(checkpoint, tm
     orbax = str(tmp_path / "orbax")
     orbax_io.convert(checkpoint, orbax, jnp.float32, progress=False)
     procs = launch(tmp_path, orbax, "--layout", "tp:4", command=("flipjax.ckpt", "restore"))
-    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert exit_codes(procs, tmp_path) == [0, 0]
     held = []
     for i in range(2):
         text = (tmp_path / f"process{i}.txt").read_text()
