@@ -30,7 +30,8 @@ from tests.hf_oracle import make_checkpoint
 from tests.test_openai_checkpoint import byte_tokenizer
 from tests.test_serve import ROOT, _free_port, wait_healthy
 
-HEARTBEAT_S = 3
+HEARTBEAT_S = 3  # the served cluster's, so that a lost process is noticed quickly
+START_HEARTBEAT_S = 10  # the rest: a loaded machine must not make a process look lost
 PAGE, GRID = 16, 32
 ENGINE = dict(max_running_requests=4, max_prefill_tokens=64, num_pages=64, page_size=PAGE)
 FLAGS = (
@@ -54,7 +55,8 @@ def checkpoint(tmp_path_factory) -> str:
 
 
 def launch(log_dir, checkpoint: str, *flags: str, per_process=None,
-           command=("flipjax.serve", "--model")) -> list[subprocess.Popen]:  # fmt: skip
+           command=("flipjax.serve", "--model"),
+           heartbeat_s: int = START_HEARTBEAT_S) -> list[subprocess.Popen]:  # fmt: skip
     """Two processes of one cluster, each with two CPU devices; `per_process(i)` adds flags."""
     coordinator = f"127.0.0.1:{_free_port()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -64,7 +66,7 @@ def launch(log_dir, checkpoint: str, *flags: str, per_process=None,
         extra = per_process(i) if per_process else ()
         cmd = [sys.executable, "-m", *command, checkpoint, *flags, *extra,
                "--coordinator-address", coordinator, "--num-processes", "2", "--process-id",
-               str(i), "--heartbeat-timeout-s", str(HEARTBEAT_S)]  # fmt: skip
+               str(i), "--heartbeat-timeout-s", str(heartbeat_s)]  # fmt: skip
         with open(log_dir / f"process{i}.txt", "w") as log:
             procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log,
                                           stderr=subprocess.STDOUT))  # fmt: skip
@@ -108,7 +110,7 @@ def cluster(checkpoint, tmp_path_factory):
     del single
     port = _free_port()
     procs = launch(logs, checkpoint, "--layout", "tp:4", "--port", str(port), "--store-dir",
-                   str(logs / "store"), *FLAGS)  # fmt: skip
+                   str(logs / "store"), *FLAGS, heartbeat_s=HEARTBEAT_S)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(procs[0], base, str(logs / "process0.txt"))
