@@ -82,6 +82,7 @@ def exit_codes(procs: list[subprocess.Popen], log_dir, timeout_s: float = 180) -
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
+            p.wait()
         logs = "\n".join(
             f"--- process {i} ---\n" + (log_dir / f"process{i}.txt").read_text()
             for i in range(len(procs))
