@@ -7,7 +7,7 @@ PORT ?= 8000
 MODEL ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint install install-test redis-server
+.PHONY: serve test lint install install-test redis-server cxx
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,8 @@ $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install -e '.[test]'
 	touch $@ $(VENV)/.installed
 
-install: $(VENV)/.installed
-install-test: $(VENV)/.installed-test redis-server
+install: $(VENV)/.installed cxx
+install-test: $(VENV)/.installed-test redis-server cxx
 
 # The remote-tier tests run a real redis-server on loopback. Where it is missing and apt-get is
 # there (Debian, Ubuntu), install it; as root directly, otherwise through sudo.
@@ -33,10 +33,18 @@ redis-server:
 	  command -v apt-get >/dev/null || { echo "install redis-server (7 or later)"; exit 1; }; \
 	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y redis-server; }
 
-serve: $(VENV)/.installed
+# The native CPU kernels (kernels_pallas/cpu) are compiled on first use with the machine's C++
+# compiler; without one the pure-JAX references run instead, more slowly.
+cxx:
+	@command -v g++ >/dev/null || command -v c++ >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  command -v apt-get >/dev/null || { echo "install a C++ compiler (g++)"; exit 1; }; \
+	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y g++; }
+
+serve: $(VENV)/.installed cxx
 	$(PY) -m flipjax.serve --model $(MODEL) --host $(HOST) --port $(PORT)
 
-test: $(VENV)/.installed-test redis-server
+test: $(VENV)/.installed-test redis-server cxx
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)

@@ -1,12 +1,13 @@
 """The one place that decides which implementation of each kernel runs.
 
-Modes: `pallas` (compiled Pallas kernels, the default on GPU), `reference` (the pure-JAX
-references, the default elsewhere) and `interpret` (the Pallas kernels in interpret mode, so
-the CPU tests exercise the kernel code itself). `FLIPJAX_KERNELS` overrides the default; a
-program being traced can pin a mode with `kernels(mode)`, which is how a compiled step records
-the mode it was built for. Under `head_parallel.across(mesh)` the kernels run per device over
-their shard of heads. The mode is read at trace time, never inside a compiled program.
-This module imports nothing from flipjax.
+Modes: `pallas` (compiled Pallas kernels, the default on GPU), `native` (the pure-JAX references
+with the native CPU kernels of `kernels_pallas.native` where one does a step in fewer passes
+over memory: the default on the CPU where they build), `reference` (the pure-JAX references
+alone) and `interpret` (the Pallas kernels in interpret mode, so the CPU tests exercise the
+kernel code itself). `FLIPJAX_KERNELS` overrides the default; a program being traced can pin a
+mode with `kernels(mode)`, which is how a compiled step records the mode it was built for. Under
+`head_parallel.across(mesh)` the kernels run per device over their shard of heads. The mode is
+read at trace time, never inside a compiled program. This module imports nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from collections.abc import Callable, Iterator
 
 import jax
 
-from kernels_pallas import gdn_reference, head_parallel
+from kernels_pallas import gdn_native, gdn_reference, head_parallel, native
 from kernels_pallas.gdn import delta_rule_kernel
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
 KERNELS_ENV = "FLIPJAX_KERNELS"
 PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
-MODES = ("pallas", "reference", "interpret")
+MODES = ("pallas", "native", "reference", "interpret")
+REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no kernel does
 # A GPU has ~100+ SMs; split long contexts until there are about this many programs.
 _TARGET_PROGRAMS = 128
 
@@ -41,11 +43,15 @@ def _checked(mode: str, source: str) -> str:
 
 
 def default_mode() -> str:
-    """`FLIPJAX_KERNELS` if set, else Pallas on GPU and the references elsewhere."""
+    """`FLIPJAX_KERNELS` if set, else Pallas on GPU, the native kernels on the CPU where they
+    build, and the references elsewhere."""
     env = os.environ.get(KERNELS_ENV)
     if env:
         return _checked(env, KERNELS_ENV)
-    return "pallas" if jax.default_backend() == "gpu" else "reference"
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return "pallas"
+    return "native" if backend == "cpu" and native.available() else "reference"
 
 
 def current_mode() -> str:
@@ -71,7 +77,7 @@ def paged_attention(
 ) -> jax.Array:
     """Attention of q [B, T, H, D] over paged K/V, by the current mode."""
     mode = current_mode()
-    if mode == "reference":
+    if mode in REFERENCE_MODES:
         return paged_attention_reference(q, k_pages, v_pages, page_table, positions)
     b, t, h, _ = q.shape
     hkv = k_pages.shape[2]
@@ -100,7 +106,7 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
     is the default there. `FLIPJAX_GDN_PREFILL=chunked|recurrent` overrides the reference form.
     """
     mode = current_mode()
-    if mode != "reference":
+    if mode not in REFERENCE_MODES:
         kernel = functools.partial(delta_rule_kernel, interpret=mode == "interpret")
         mesh = head_parallel.current()
         return kernel if mesh is None else head_parallel.delta_rule(kernel, mesh)
@@ -113,3 +119,22 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
         raise ValueError(f"{PREFILL_FORM_ENV}: {form!r} is neither 'chunked' nor 'recurrent'")
     chunked = form == "chunked"
     return gdn_reference.delta_rule_chunked if chunked else gdn_reference.delta_rule_recurrent
+
+
+def pooled_delta_rule(
+    num_tokens: int, key_heads: int, value_heads: int
+) -> Callable[..., tuple[jax.Array, jax.Array]] | None:
+    """The native kernel that advances pooled GDN states by one token, reading each row's state
+    from its slot (`gdn_native.pooled_decode` without its first argument), or None where the
+    caller gathers the rows and runs `delta_rule`.
+
+    It runs for decode in `native` mode; under `head_parallel.across` it runs per device over
+    its heads when both head counts split evenly.
+    """
+    if num_tokens != 1 or current_mode() != "native":
+        return None
+    mesh = head_parallel.current()
+    if mesh is not None and (key_heads % mesh.size or value_heads % mesh.size):
+        return None
+    kernel = functools.partial(gdn_native.pooled_decode, native.target("gdn_decode"))
+    return kernel if mesh is None else head_parallel.pooled_delta_rule(kernel, mesh)

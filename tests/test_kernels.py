@@ -128,7 +128,7 @@ def test_gdn_kernels_match_reference(t, lengths):
 
 def test_dispatch_modes(monkeypatch):
     monkeypatch.delenv(dispatch.KERNELS_ENV, raising=False)
-    assert dispatch.default_mode() == "reference"  # the CPU default
+    assert dispatch.default_mode() == "native"  # the CPU default where the native kernels build
     monkeypatch.setenv(dispatch.KERNELS_ENV, "interpret")
     assert dispatch.current_mode() == "interpret"
     with dispatch.kernels("reference"):

@@ -30,6 +30,21 @@ class GDNState(NamedTuple):
     recurrent: jax.Array
     conv: jax.Array
 
+    def advance(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        g: jax.Array,
+        beta: jax.Array,
+        valid: jax.Array,
+    ) -> tuple[jax.Array, jax.Array]:
+        """The delta rule over the call's tokens from this state: (o, the new recurrent state).
+
+        A pooled cache (the engine's step) has the same method and reads its rows itself."""
+        rule = dispatch.delta_rule(q.shape[1])
+        return rule(q, k, v, g, beta, self.recurrent, valid)
+
 
 def causal_conv(
     x: jax.Array, weight: jax.Array, conv_state: jax.Array, valid: jax.Array
@@ -108,8 +123,7 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
             a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         )
-        rule = dispatch.delta_rule(t)
-        o, recurrent = rule(q, k, v, g, beta, state.recurrent, valid)
+        o, recurrent = state.advance(q, k, v, g, beta, valid)
 
         o = self.norm(o.astype(x.dtype), z)
         out = self.out_proj(o.reshape(b, t, cfg.value_dim))

@@ -44,6 +44,35 @@ class PagedKV(NamedTuple):
         return out, PagedKV(k_pages, v_pages, self.page_table)
 
 
+class PooledGDN(NamedTuple):
+    """A GDN layer's cache in a step: its pool of recurrent states, each row's slot, and the
+    rows' conv states. A slot out of the pool's range (padding, or a row that starts at
+    position 0) reads as a zero state."""
+
+    pool: jax.Array  # [S, Hv, dk, dv]
+    slots: jax.Array  # [B]
+    conv: jax.Array  # [B, K-1, conv_dim]
+
+    def advance(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        g: jax.Array,
+        beta: jax.Array,
+        valid: jax.Array,
+    ) -> tuple[jax.Array, jax.Array]:
+        """The delta rule over the rows' tokens from their pooled states: (o, the new states).
+
+        Decode on the CPU reads the rows inside the native kernel; otherwise they are gathered.
+        """
+        native = dispatch.pooled_delta_rule(q.shape[1], k.shape[2], v.shape[2])
+        if native is not None:
+            return native(self.pool, self.slots, q, k, v, g, beta, valid)
+        state = jnp.take(self.pool, self.slots, axis=0, mode="fill", fill_value=0)
+        return GDNState(state, self.conv).advance(q, k, v, g, beta, valid)
+
+
 class Scores(NamedTuple):
     """Prompt logprobs of a scoring step: at each position, of the token that follows it."""
 
@@ -79,7 +108,7 @@ def stage_step(
     With `score` (a number of top alternatives) the last stage also returns the `Scores` of
     `targets` [B, T], the token after each position: (logits, scores).
     """
-    fresh = (positions[:, 0] == 0)[:, None, None, None]
+    fresh = positions[:, 0] == 0
     caches: list[Any] = []
     kv_iter, gdn_iter = iter(kv), iter(gdn)
     for i in span.layers:
@@ -88,14 +117,10 @@ def stage_step(
             caches.append(PagedKV(pages.k, pages.v, page_table))
         else:
             slots = next(gdn_iter)
-            rec = jnp.take(slots.recurrent, slot_ids, axis=0, mode="fill", fill_value=0)
-            conv = jnp.take(slots.conv, slot_ids, axis=0, mode="fill", fill_value=0)
-            caches.append(
-                GDNState(
-                    recurrent=jnp.where(fresh, 0.0, rec),
-                    conv=jnp.where(fresh[..., 0], jnp.zeros_like(conv), conv),
-                )
-            )
+            # A fresh row reads no slot: one past the pool reads zeros.
+            rows = jnp.where(fresh, slots.recurrent.shape[0], slot_ids)
+            conv = jnp.take(slots.conv, rows, axis=0, mode="fill", fill_value=0)
+            caches.append(PooledGDN(slots.recurrent, rows, conv))
     scoring = score is not None and span.last
     with dispatch.kernels(kernels), head_parallel.across(mesh):
         out, new_caches = stage_forward(

@@ -1,0 +1,107 @@
+"""Native CPU kernels: C++ XLA FFI handlers built on first use and registered with XLA.
+
+XLA:CPU has no counterpart of a Pallas kernel, so where a step's XLA form makes many passes
+over memory (the GDN decode update) a short C++ handler does the job in one. Each source in
+`kernels_pallas/cpu/` is compiled with the machine's C++ compiler against the FFI headers
+jaxlib ships, for this CPU (`-march=native`), into a cache keyed by the source, the flags,
+jaxlib's version and the CPU's features; concurrent builders each write a temporary file and
+rename it into place, so a reader never loads half a library. Where they cannot be built (no
+compiler), `available()` says so and logs why once, and `kernels_pallas.dispatch` runs the
+pure-JAX references instead. This module imports nothing from flipjax.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jaxlib
+
+CACHE_ENV = "FLIPJAX_NATIVE_CACHE"
+SOURCES = Path(__file__).parent / "cpu"
+KERNELS = ("gdn_decode",)
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def available() -> bool:
+    """Whether every native kernel builds and loads here (the reason it does not is logged)."""
+    try:
+        for name in KERNELS:
+            target(name)
+    except (OSError, RuntimeError) as e:
+        log.warning("native CPU kernels unavailable, the pure-JAX references run instead: %s", e)
+        return False
+    return True
+
+
+@functools.cache
+def target(name: str) -> str:
+    """The FFI target `flipjax_<name>`, built from `cpu/<name>.cc` and registered on first use."""
+    library = ctypes.cdll.LoadLibrary(str(build(name)))
+    symbol = "Flipjax" + "".join(part.title() for part in name.split("_"))
+    ffi_name = f"flipjax_{name}"
+    jax.ffi.register_ffi_target(
+        ffi_name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu"
+    )
+    return ffi_name
+
+
+def build(name: str) -> Path:
+    """Compile `cpu/<name>.cc` (once per source, flags, jaxlib and CPU); the library's path."""
+    source = SOURCES / f"{name}.cc"
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join(FLAGS).encode(), jaxlib.__version__.encode(),
+                 compiler.encode(), _cpu_features().encode()):  # fmt: skip
+        key.update(part)
+    folder = _cache_folder()
+    library = folder / f"{name}-{key.hexdigest()[:16]}.so"
+    if library.exists():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".so")
+    os.close(fd)
+    try:
+        command = [compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(source), "-o", partial]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        os.chmod(partial, 0o755)
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, library)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return library
+
+
+def _cache_folder() -> Path:
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flipjax" / "native"
+
+
+def _cpu_features() -> str:
+    """What `-march=native` compiles for: the CPU's model and feature flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))

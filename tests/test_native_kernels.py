@@ -1,0 +1,99 @@
+"""The native CPU kernels: built here, equal to the pure-JAX step they replace, and used by
+the engine's decode steps on every layout without gathering a sharded pool.
+
+The oracle is `gdn_reference`'s recurrence over rows gathered from the pool (the form the
+engine ran before the kernel) and, end to end, the engine's tokens with the kernel switched off.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flipjax import Engine
+from kernels_pallas import dispatch, gdn_native, gdn_reference, native
+from tests.test_sharded_kernels import _gathers_of_pools
+
+OPTIONS = dict(num_pages=64, max_running_requests=3, max_prefill_tokens=32)
+PROMPTS = [[(i * 7 + 3) % 256 for i in range(n)] for n in (5, 23, 40)]
+
+
+def test_the_gdn_decode_kernel_builds_on_this_machine():
+    # A build failure falls back to the references with a warning; here it fails loudly.
+    assert native.build("gdn_decode").exists()
+    assert native.target("gdn_decode") == "flipjax_gdn_decode"
+    assert native.available()
+
+
+def _case(rows: int, slots: int, hk: int, hv: int, d: int, seed: int = 0):
+    r = np.random.default_rng(seed)
+    pool = r.normal(0, 0.3, (slots, hv, d, d)).astype(np.float32)
+    q, k = (r.normal(size=(rows, 1, hk, d)).astype(np.float32) for _ in range(2))
+    v = r.normal(size=(rows, 1, hv, d)).astype(np.float32)
+    g = -np.abs(r.normal(size=(rows, 1, hv))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-r.normal(size=(rows, 1, hv))))).astype(np.float32)
+    return pool, q, k, v, g, beta
+
+
+@pytest.mark.parametrize("hk,hv", [(2, 2), (2, 6)])  # value heads sharing key heads
+def test_pooled_decode_is_the_reference_step_on_gathered_rows(hk, hv):
+    pool, q, k, v, g, beta = _case(rows=5, slots=7, hk=hk, hv=hv, d=16)
+    # Rows read slots out of order, a fresh row reads one past the pool, padding far beyond.
+    slots = np.array([4, 0, 7, 6, 99], np.int32)
+    valid = np.array([[True], [True], [True], [True], [False]])
+    pool_before = pool.copy()
+    target = native.target("gdn_decode")
+    out, state = jax.jit(gdn_native.pooled_decode, static_argnums=0)(
+        target, pool, slots, q, k, v, g, beta, valid
+    )
+    gathered = jnp.take(pool, slots, axis=0, mode="fill", fill_value=0)
+    want_out, want_state = gdn_reference.delta_rule_recurrent(q, k, v, g, beta, gathered, valid)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state), np.asarray(want_state), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(state)[2], np.asarray(want_state)[2])  # from zero
+    np.testing.assert_array_equal(pool, pool_before)  # the kernel only reads the pool
+
+
+def test_a_failed_build_names_the_compiler_error_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(RuntimeError, match="false .* failed"):
+        native.build("gdn_decode")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_native_kernel_runs_for_decode_in_native_mode_only():
+    assert dispatch.default_mode() == "native"  # the CPU default where the kernels build
+    for mode in ("reference", "interpret"):
+        with dispatch.kernels(mode):
+            assert dispatch.pooled_delta_rule(1, 2, 4) is None
+    with dispatch.kernels("native"):
+        assert dispatch.pooled_delta_rule(16, 2, 4) is None  # prefill gathers its rows
+        assert dispatch.pooled_delta_rule(1, 2, 4).func is gdn_native.pooled_decode
+
+
+@pytest.fixture(scope="module")
+def xla_tokens() -> list[list[int]]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(dispatch.KERNELS_ENV, "reference")
+        engine = Engine.from_pretrained("tiny", **OPTIONS)
+        assert "flipjax_gdn_decode" not in _decode_program(engine)
+        return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)]
+
+
+def _decode_program(engine: Engine, rows: int = 4) -> str:
+    step, _ = engine.runner.binding.programs(0, (rows, 1))
+    return step.as_text()
+
+
+@pytest.mark.parametrize("layout", ["single", "tp:2", "pp:4,4@2,2"])
+def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layout):
+    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
+    assert engine.runner.kernels == "native"
+    assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
+    assert "flipjax_gdn_decode" in _decode_program(engine)
+    if layout == "tp:2":
+        assert _gathers_of_pools(engine, (4, 1)) == []
+    engine.check()
