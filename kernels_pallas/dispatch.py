@@ -124,9 +124,9 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
 def pooled_delta_rule(
     num_tokens: int, key_heads: int, value_heads: int
 ) -> Callable[..., tuple[jax.Array, jax.Array]] | None:
-    """The native kernel that advances pooled GDN states by one token, reading each row's state
-    from its slot (`gdn_native.pooled_decode` without its first argument), or None where the
-    caller gathers the rows and runs `delta_rule`.
+    """The native kernel that advances pooled GDN states by one token in their slots
+    (`gdn_native.pooled_decode` without its first argument), or None where the caller gathers
+    the rows, runs `delta_rule` and writes them back.
 
     It runs for decode in `native` mode; under `head_parallel.across` it runs per device over
     its heads when both head counts split evenly.

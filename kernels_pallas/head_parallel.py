@@ -88,11 +88,11 @@ def delta_rule(
 def pooled_delta_rule(
     kernel: Callable[..., tuple[jax.Array, jax.Array]], mesh: Mesh
 ) -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """`kernel(pool, slots, q, k, v, g, beta, valid)` per device over its key and value heads,
-    reading its own shard of the slot pool ([S, H, dk, dv], split over H)."""
+    """`kernel(pool, reads, writes, q, k, v, g, beta, valid)` per device over its key and value
+    heads, updating its own shard of the slot pool ([S, H, dk, dv], split over H)."""
     (axis,) = mesh.axis_names
     heads, gates, state = P(None, None, axis, None), P(None, None, axis), P(None, axis, None, None)
     return jax.shard_map(
-        kernel, mesh=mesh, in_specs=(state, P(), heads, heads, heads, gates, gates, P()),
+        kernel, mesh=mesh, in_specs=(state, P(), P(), heads, heads, heads, gates, gates, P()),
         out_specs=(heads, state), check_vma=False,
     )  # fmt: skip

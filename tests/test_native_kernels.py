@@ -38,22 +38,36 @@ def _case(rows: int, slots: int, hk: int, hv: int, d: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("hk,hv", [(2, 2), (2, 6)])  # value heads sharing key heads
-def test_pooled_decode_is_the_reference_step_on_gathered_rows(hk, hv):
+def test_pooled_decode_is_the_reference_step_in_each_rows_slot(hk, hv):
     pool, q, k, v, g, beta = _case(rows=5, slots=7, hk=hk, hv=hv, d=16)
-    # Rows read slots out of order, a fresh row reads one past the pool, padding far beyond.
-    slots = np.array([4, 0, 7, 6, 99], np.int32)
+    # Rows read out of order; row 2 starts fresh (reads one past the pool) into slot 3; row 4
+    # is padding (reads and writes far beyond).
+    reads = np.array([4, 0, 7, 6, 99], np.int32)
+    writes = np.array([4, 0, 3, 6, 99], np.int32)
     valid = np.array([[True], [True], [True], [True], [False]])
-    pool_before = pool.copy()
     target = native.target("gdn_decode")
-    out, state = jax.jit(gdn_native.pooled_decode, static_argnums=0)(
-        target, pool, slots, q, k, v, g, beta, valid
+    out, new_pool = jax.jit(gdn_native.pooled_decode, static_argnums=0)(
+        target, pool, reads, writes, q, k, v, g, beta, valid
     )
-    gathered = jnp.take(pool, slots, axis=0, mode="fill", fill_value=0)
-    want_out, want_state = gdn_reference.delta_rule_recurrent(q, k, v, g, beta, gathered, valid)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(state), np.asarray(want_state), rtol=1e-6, atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(state)[2], np.asarray(want_state)[2])  # from zero
-    np.testing.assert_array_equal(pool, pool_before)  # the kernel only reads the pool
+    gathered = jnp.take(pool, reads, axis=0, mode="fill", fill_value=0)
+    want_out, want_rows = gdn_reference.delta_rule_recurrent(q, k, v, g, beta, gathered, valid)
+    want_pool = pool.copy()
+    want_pool[writes[:4]] = np.asarray(want_rows)[:4]
+    out, new_pool = np.asarray(out), np.asarray(new_pool)
+    np.testing.assert_allclose(out[:4], np.asarray(want_out)[:4], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out[4], 0)  # padding: no state, a zero output
+    np.testing.assert_allclose(new_pool, want_pool, rtol=1e-6, atol=1e-6)
+    for untouched in (1, 2, 5):  # slots no row writes keep their states bit for bit
+        np.testing.assert_array_equal(new_pool[untouched], pool[untouched])
+
+
+def test_pooled_decode_refuses_a_pool_that_is_not_float32():
+    pool, q, k, v, g, beta = _case(rows=1, slots=2, hk=1, hv=1, d=8)
+    slots, valid = np.zeros(1, np.int32), np.ones((1, 1), bool)
+    with pytest.raises(ValueError, match="must be float32, got bfloat16"):
+        gdn_native.pooled_decode(
+            "flipjax_gdn_decode", pool.astype(jnp.bfloat16), slots, slots, q, k, v, g, beta, valid
+        )
 
 
 def test_a_failed_build_names_the_compiler_error_and_leaves_no_file(tmp_path, monkeypatch):
@@ -94,6 +108,8 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert engine.runner.kernels == "native"
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
     assert "flipjax_gdn_decode" in _decode_program(engine)
+    _, _, in_place = engine.runner.binding._stage_programs(0, (4, 1))
+    assert in_place  # the step updated the GDN pools itself
     if layout == "tp:2":
         assert _gathers_of_pools(engine, (4, 1)) == []
     engine.check()

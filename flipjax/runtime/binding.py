@@ -29,11 +29,11 @@ from flipjax.model.config import ModelConfig
 from flipjax.model.gated_deltanet import GDNState
 from flipjax.runtime import multihost
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
-from flipjax.runtime.cache import CacheState
+from flipjax.runtime.cache import CacheState, GDNSlots
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.cpu_dots import step_compiler_options
 from flipjax.runtime.crosshost import from_host, reshard, settle, to_leader
-from flipjax.runtime.paged import Scores, stage_step, write_slots
+from flipjax.runtime.paged import Scores, stage_step, updates_in_place, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.stages import ModelParts, stage_params
 
@@ -154,7 +154,9 @@ class Binding:
         for rows, cols in pieces:
             x: Any = tokens[rows, cols]
             for s in range(len(self.stages)):
-                step, write = self.programs(s, (rb, tb), score if s == last else None)
+                step, write, in_place = self._stage_programs(
+                    s, (rb, tb), score if s == last else None
+                )
                 host = [positions[rows, cols], table[rows], slots[rows]]
                 if score is not None and s == last:
                     host.append(targets[rows, cols])
@@ -166,12 +168,14 @@ class Binding:
                 else:
                     x = reshard(x, self._inputs[s])  # the stage hand-off
                 pos, page_table, slot_ids, *extra = placed
-                x, kv, new_rows = step(
+                x, kv, gdn = step(
                     self._params[s], self._kv[s], self._gdn[s], x, pos, page_table, slot_ids,
                     *extra,
                 )  # fmt: skip
                 self._kv[s] = kv
-                self._gdn[s] = settle(write(self._gdn[s], slot_ids, new_rows))
+                # In place, the step returned the updated pools and the rows' conv states.
+                pools, new_rows = gdn if in_place else (self._gdn[s], gdn)
+                self._gdn[s] = settle(write(pools, slot_ids, new_rows))
             outs.append(jax.tree.map(lambda a: to_leader(a, self.sampler_device), x))
         if not multihost.current().leader:  # the others only take part in the programs
             return None
@@ -185,6 +189,14 @@ class Binding:
             return _concat(outs)
 
     def programs(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, Any]:
+        """Stage `stage`'s compiled (step, write) for `shape`."""
+        step, write, _ = self._stage_programs(stage, shape, score)
+        return step, write
+
+    def _stage_programs(
+        self, stage: int, shape: Shape, score: int | None = None
+    ) -> tuple[Any, Any, bool]:
+        """(step, write, whether the step updates the GDN pools itself)."""
         found = self._found.get((stage, shape, score))
         if found is not None:
             return found
@@ -231,16 +243,18 @@ def compile_programs(
             stage_step, cfg, binding.parts, span, binding.kernels, scoring, mesh
         )
         leaves, tree = jax.tree.flatten(stage_params(params, span))
-        step_fn = jax.jit(
-            functools.partial(_from_leaves, tree, stage_fn),
-            donate_argnums=(1,),
-            out_shardings=(out_sh, kv_sh, rows_sh),
-        )
         write_fn = jax.jit(write_slots, donate_argnums=(0,), out_shardings=gdn_sh)
         for b, t in shapes:
             key = binding._key(s, (b, t), scoring)
             if key in _programs:
                 continue
+            in_place = updates_in_place(cfg, binding.kernels, mesh, t)
+            in_place_sh = (gdn_sh, tuple(GDNState(None, g.conv) for g in gdn_sh))
+            step_fn = jax.jit(
+                functools.partial(_from_leaves, tree, stage_fn),
+                donate_argnums=(1, 2) if in_place else (1,),
+                out_shardings=(out_sh, kv_sh, in_place_sh if in_place else rows_sh),
+            )
             ints = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32, sharding=rep)
             x = ints((b, t)) if span.first else jax.ShapeDtypeStruct(
                 (b, t, cfg.hidden_size), binding.dtype, sharding=rep
@@ -252,13 +266,14 @@ def compile_programs(
             ).compile(step_compiler_options(mesh, binding.dtype, b * t))  # fmt: skip
             rows = tuple(
                 GDNState(*(
+                    None if in_place and name == "recurrent" else
                     jax.ShapeDtypeStruct((b, *a.shape[1:]), a.dtype, sharding=a.sharding)
-                    for a in pool
+                    for name, a in zip(GDNSlots._fields, pool, strict=True)
                 ))
                 for pool in gdn
             )  # fmt: skip
             write = write_fn.lower(gdn, ints((b,)), rows).compile()
-            _programs[key] = (step, write)
+            _programs[key] = (step, write, in_place)
 
 
 def _from_leaves(tree: Any, step: Any, leaves: tuple[jax.Array, ...], *args: Any) -> Any:

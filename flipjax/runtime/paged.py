@@ -5,7 +5,10 @@ programs. `stage_step` reads the GDN slots, runs the model, writes new K/V into
 the pages (in place, donated) and returns the rows' new GDN states; `write_slots` then puts
 those rows back into the slot pools (in place, donated). The split is deliberate: in one
 program XLA fuses the slot gather into several consumers and, to keep the pool readable while
-updating it in place, copies every GDN pool on every step.
+updating it in place, copies every GDN pool on every step. Where the native decode kernel runs
+(`updates_in_place`) the recurrent states are not gathered: the kernel updates each row's state
+in its slot of the (donated) pool, the step returns the pools, and `write_slots` writes only
+the rows' conv states (gathered, so for the same reason written by the second program).
 
 Rows are requests; a row's tokens continue its cached prefix (a decode row has one token, a
 prefill row a chunk). A row whose first position is 0 starts from a zero GDN state, so a
@@ -45,12 +48,13 @@ class PagedKV(NamedTuple):
 
 
 class PooledGDN(NamedTuple):
-    """A GDN layer's cache in a step: its pool of recurrent states, each row's slot, and the
-    rows' conv states. A slot out of the pool's range (padding, or a row that starts at
-    position 0) reads as a zero state."""
+    """A GDN layer's cache in a step: its pool of recurrent states, the slot each row reads and
+    the one it writes, and the rows' conv states. A read out of the pool's range (padding, or a
+    row that starts at position 0) is a zero state; a write out of range is dropped."""
 
     pool: jax.Array  # [S, Hv, dk, dv]
-    slots: jax.Array  # [B]
+    reads: jax.Array  # [B]
+    writes: jax.Array  # [B]
     conv: jax.Array  # [B, K-1, conv_dim]
 
     def advance(
@@ -62,15 +66,23 @@ class PooledGDN(NamedTuple):
         beta: jax.Array,
         valid: jax.Array,
     ) -> tuple[jax.Array, jax.Array]:
-        """The delta rule over the rows' tokens from their pooled states: (o, the new states).
-
-        Decode on the CPU reads the rows inside the native kernel; otherwise they are gathered.
-        """
+        """The delta rule over the rows' tokens from their pooled states: o and, where the
+        native kernel runs, the updated pool, otherwise the rows' new states [B, ...]."""
         native = dispatch.pooled_delta_rule(q.shape[1], k.shape[2], v.shape[2])
         if native is not None:
-            return native(self.pool, self.slots, q, k, v, g, beta, valid)
-        state = jnp.take(self.pool, self.slots, axis=0, mode="fill", fill_value=0)
+            return native(self.pool, self.reads, self.writes, q, k, v, g, beta, valid)
+        state = jnp.take(self.pool, self.reads, axis=0, mode="fill", fill_value=0)
         return GDNState(state, self.conv).advance(q, k, v, g, beta, valid)
+
+
+def updates_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh, tokens: int) -> bool:
+    """Whether a stage step of `tokens` per row updates its GDN pools itself (the native
+    decode kernel runs) and so returns the pools rather than rows for `write_slots`."""
+    with dispatch.kernels(kernels), head_parallel.across(mesh):
+        native = dispatch.pooled_delta_rule(
+            tokens, cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        )
+    return native is not None
 
 
 class Scores(NamedTuple):
@@ -96,13 +108,15 @@ def stage_step(
     page_table: jax.Array,
     slot_ids: jax.Array,
     targets: jax.Array | None = None,
-) -> tuple[Any, tuple[KVPages, ...], tuple[GDNState, ...]]:
+) -> tuple[Any, tuple[KVPages, ...], tuple[GDNState, ...] | tuple[GDNSlots, ...]]:
     """One stage of a step. x: tokens [B, T] (first stage) or hidden [B, T, hidden];
     positions: [B, T]; page_table: [B, M]; slot_ids: [B]; kv and gdn: this stage's pools.
 
     Returns the stage's output (hidden, or on the last stage float32 logits at each row's last
     real token, [B, vocab]), its updated KV pages, and each of its GDN layers' new per-row
-    state ([B, ...]) for `write_slots`. `kernels` is the kernel dispatch mode it is traced in;
+    state ([B, ...]) for `write_slots`, or, where `updates_in_place`, its updated GDN pools
+    (the `gdn` it was given, donated) with the rows' conv states: (pools, rows with recurrent
+    None). `kernels` is the kernel dispatch mode it is traced in;
     the kernels run per device over its heads of the stage's `mesh` (see
     `kernels_pallas.head_parallel`).
     With `score` (a number of top alternatives) the last stage also returns the `Scores` of
@@ -118,9 +132,9 @@ def stage_step(
         else:
             slots = next(gdn_iter)
             # A fresh row reads no slot: one past the pool reads zeros.
-            rows = jnp.where(fresh, slots.recurrent.shape[0], slot_ids)
-            conv = jnp.take(slots.conv, rows, axis=0, mode="fill", fill_value=0)
-            caches.append(PooledGDN(slots.recurrent, rows, conv))
+            reads = jnp.where(fresh, slots.recurrent.shape[0], slot_ids)
+            conv = jnp.take(slots.conv, reads, axis=0, mode="fill", fill_value=0)
+            caches.append(PooledGDN(slots.recurrent, reads, slot_ids, conv))
     scoring = score is not None and span.last
     with dispatch.kernels(kernels), head_parallel.across(mesh):
         out, new_caches = stage_forward(
@@ -134,6 +148,10 @@ def stage_step(
             new_kv.append(KVPages(new.k_pages, new.v_pages))
         else:
             rows.append(new)
+    if updates_in_place(cfg, kernels, mesh, x.shape[1]):
+        # The conv pools pass through unchanged (donated, so not copied) for `write_slots`.
+        pools = tuple(GDNSlots(r.recurrent, g.conv) for g, r in zip(gdn, rows, strict=True))
+        return out, tuple(new_kv), (pools, tuple(GDNState(None, r.conv) for r in rows))
     return out, tuple(new_kv), tuple(rows)
 
 
@@ -153,11 +171,18 @@ def _scored(
 def write_slots(
     gdn: tuple[GDNSlots, ...], slot_ids: jax.Array, rows: tuple[GDNState, ...]
 ) -> tuple[GDNSlots, ...]:
-    """Write each row's new state into its slot; padding rows (out-of-range ids) are dropped."""
+    """Write each row's new state into its slot; padding rows (out-of-range ids) are dropped.
+    A row whose recurrent state is None was updated in its slot already."""
     return tuple(
         GDNSlots(
-            recurrent=slots.recurrent.at[slot_ids].set(row.recurrent, mode="drop"),
-            conv=slots.conv.at[slot_ids].set(row.conv.astype(slots.conv.dtype), mode="drop"),
+            recurrent=slots.recurrent
+            if row.recurrent is None
+            else _write_rows(slots.recurrent, slot_ids, row.recurrent),
+            conv=_write_rows(slots.conv, slot_ids, row.conv),
         )
         for slots, row in zip(gdn, rows, strict=True)
     )
+
+
+def _write_rows(pool: jax.Array, slot_ids: jax.Array, rows: jax.Array) -> jax.Array:
+    return pool.at[slot_ids].set(rows.astype(pool.dtype), mode="drop")

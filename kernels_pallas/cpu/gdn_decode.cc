@@ -1,17 +1,20 @@
-// One decode token of the gated delta rule on the CPU, reading each row's state straight from
-// the slot pool (an XLA FFI handler).
+// One decode token of the gated delta rule on the CPU, updating each row's state in its slot of
+// the pool (an XLA FFI handler).
 //
 // XLA runs the same step as a chain of fusions that gathers the pooled states, decays them,
-// reduces them twice and writes them once more: about six passes over every row's state. Here
-// each (row, head) state, 16 KB at dk = dv = 64, is read from the pool once, stays in L1 for
-// the second pass and is written once. The arithmetic follows `delta_rule_step` in
-// `kernels_pallas/gdn_reference.py` term for term (decay first, then the two reductions in
-// key order), so both agree to rounding.
+// reduces them twice, writes them out and scatters them back: about eight passes over every
+// row's state. Here each (row, head) state, 16 KB at dk = dv = 64, is read from its slot once,
+// stays in L1 for the second pass and is written back in place. The arithmetic follows
+// `delta_rule_step` in `kernels_pallas/gdn_reference.py` term for term (decay first, then the
+// two reductions in key order), so both agree to rounding.
 //
-// Inputs: pool f32[S, H, dk, dv]; slots s32[B] (a slot outside [0, S) reads as a zero state:
-// padding rows and rows that start fresh); q, k f32[B, H, dk] and v f32[B, H, dv], prepared
-// (normalised, scaled, key heads repeated); alpha = exp(g) and beta f32[B, H].
-// Outputs: out f32[B, H, dv]; state f32[B, H, dk, dv], each row's new state.
+// Inputs: pool f32[S, H, dk, dv]; reads s32[B], the slot each row's state comes from (outside
+// [0, S): a zero state, for padding rows and rows that start fresh); writes s32[B], the slot
+// its new state goes to (outside [0, S): dropped, for padding rows); q, k f32[B, H, dk] and
+// v f32[B, H, dv], prepared (normalised, scaled, key heads repeated); alpha = exp(g) and
+// beta f32[B, H].
+// Outputs: out f32[B, H, dv]; the pool, aliased to the input pool, with the rows' new states.
+// Rows own distinct slots (the engine's pools check it), so no two rows touch one state.
 
 #include <algorithm>
 #include <atomic>
@@ -60,32 +63,37 @@ void StepHead(const float* src, const float* q, const float* k, const float* v, 
 
 struct Work {
   Shapes s;
-  const float* pool;
-  const int32_t* slots;
+  float* pool;
+  const int32_t *reads, *writes;
   const float *q, *k, *v, *alpha, *beta;
-  float *out, *state;
+  float* out;
   int64_t items;  // rows * heads
   int64_t chunk;  // items per task
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
+  // Head h's state in `slot`, or null for a slot outside the pool.
+  float* At(int32_t slot, int64_t h) const {
+    if (slot < 0 || slot >= s.slots) return nullptr;
+    return pool + (static_cast<int64_t>(slot) * s.heads + h) * s.dk * s.dv;
+  }
+
   // Claims chunks until none is left; returns when this caller has nothing more to do.
   void Drain() {
     std::unique_ptr<float[]> scratch(new float[2 * s.dv]);
-    const int64_t state_size = s.dk * s.dv;
     for (;;) {
       const int64_t first = next.fetch_add(chunk);
       if (first >= items) return;
       const int64_t last = std::min(first + chunk, items);
       for (int64_t item = first; item < last; ++item) {
         const int64_t b = item / s.heads, h = item % s.heads;
-        const int32_t slot = slots[b];
-        const float* src = (slot >= 0 && slot < s.slots)
-                               ? pool + (static_cast<int64_t>(slot) * s.heads + h) * state_size
-                               : nullptr;
-        StepHead(src, q + item * s.dk, k + item * s.dk, v + item * s.dv, alpha[item],
-                 beta[item], s.dk, s.dv, state + item * state_size, out + item * s.dv,
-                 scratch.get());
+        float* dst = At(writes[b], h);
+        if (dst == nullptr) {  // a padding row: nothing to keep; its output reads zero
+          std::fill(out + item * s.dv, out + (item + 1) * s.dv, 0.0f);
+          continue;
+        }
+        StepHead(At(reads[b], h), q + item * s.dk, k + item * s.dk, v + item * s.dv,
+                 alpha[item], beta[item], s.dk, s.dv, dst, out + item * s.dv, scratch.get());
       }
       done.fetch_add(last - first);
     }
@@ -93,31 +101,35 @@ struct Work {
 };
 
 ffi::Error GdnDecodeImpl(ffi::ThreadPool pool_threads, ffi::Buffer<ffi::F32> pool,
-                         ffi::Buffer<ffi::S32> slots, ffi::Buffer<ffi::F32> q,
-                         ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                         ffi::Buffer<ffi::F32> alpha, ffi::Buffer<ffi::F32> beta,
-                         ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> state) {
+                         ffi::Buffer<ffi::S32> reads, ffi::Buffer<ffi::S32> writes,
+                         ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> alpha,
+                         ffi::Buffer<ffi::F32> beta, ffi::ResultBuffer<ffi::F32> out,
+                         ffi::ResultBuffer<ffi::F32> pool_out) {
   const auto pd = pool.dimensions();
   const auto qd = q.dimensions();
-  if (pd.size() != 4 || qd.size() != 3 || slots.dimensions().size() != 1) {
-    return ffi::Error::InvalidArgument("gdn_decode: pool must be rank 4, q rank 3, slots rank 1");
+  if (pd.size() != 4 || qd.size() != 3 || reads.dimensions().size() != 1 ||
+      writes.dimensions().size() != 1) {
+    return ffi::Error::InvalidArgument(
+        "gdn_decode: pool must be rank 4, q rank 3, the slot lists rank 1");
   }
   const int64_t rows = qd[0];
-  if (slots.dimensions()[0] != rows || qd[1] != pd[1] || qd[2] != pd[2] ||
-      v.dimensions()[2] != pd[3]) {
+  if (reads.dimensions()[0] != rows || writes.dimensions()[0] != rows || qd[1] != pd[1] ||
+      qd[2] != pd[2] || v.dimensions()[2] != pd[3]) {
     return ffi::Error::InvalidArgument("gdn_decode: row, head or head-dim counts disagree");
   }
   auto work = std::make_shared<Work>();
   work->s = Shapes{pd[0], pd[1], pd[2], pd[3]};
-  work->pool = pool.typed_data();
-  work->slots = slots.typed_data();
+  // The output pool is the input pool (aliased): it is read and updated in place.
+  work->pool = pool_out->typed_data();
+  work->reads = reads.typed_data();
+  work->writes = writes.typed_data();
   work->q = q.typed_data();
   work->k = k.typed_data();
   work->v = v.typed_data();
   work->alpha = alpha.typed_data();
   work->beta = beta.typed_data();
   work->out = out->typed_data();
-  work->state = state->typed_data();
   work->items = rows * pd[1];
   const int64_t threads = std::max<int64_t>(1, pool_threads.num_threads());
   // A few chunks per thread, so a thread that starts late still finds work.
@@ -138,12 +150,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxGdnDecode, GdnDecodeImpl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // pool
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // slots
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // reads
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // writes
                                   .Arg<ffi::Buffer<ffi::F32>>()  // q
                                   .Arg<ffi::Buffer<ffi::F32>>()  // k
                                   .Arg<ffi::Buffer<ffi::F32>>()  // v
                                   .Arg<ffi::Buffer<ffi::F32>>()  // alpha
                                   .Arg<ffi::Buffer<ffi::F32>>()  // beta
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // state
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // pool, updated
 );
