@@ -108,17 +108,16 @@ def stage_step(
     page_table: jax.Array,
     slot_ids: jax.Array,
     targets: jax.Array | None = None,
-) -> tuple[Any, tuple[KVPages, ...], tuple[GDNState, ...] | tuple[GDNSlots, ...]]:
+) -> tuple[Any, tuple[KVPages, ...], Any]:
     """One stage of a step. x: tokens [B, T] (first stage) or hidden [B, T, hidden];
     positions: [B, T]; page_table: [B, M]; slot_ids: [B]; kv and gdn: this stage's pools.
 
     Returns the stage's output (hidden, or on the last stage float32 logits at each row's last
     real token, [B, vocab]), its updated KV pages, and each of its GDN layers' new per-row
-    state ([B, ...]) for `write_slots`, or, where `updates_in_place`, its updated GDN pools
-    (the `gdn` it was given, donated) with the rows' conv states: (pools, rows with recurrent
-    None). `kernels` is the kernel dispatch mode it is traced in;
-    the kernels run per device over its heads of the stage's `mesh` (see
-    `kernels_pallas.head_parallel`).
+    state ([B, ...]) for `write_slots`; where `updates_in_place`, its updated GDN pools (the
+    `gdn` it was given, donated) and the rows' conv states instead: (pools, rows whose
+    recurrent is None). `kernels` is the kernel dispatch mode it is traced in; the kernels run
+    per device over its heads of the stage's `mesh` (see `kernels_pallas.head_parallel`).
     With `score` (a number of top alternatives) the last stage also returns the `Scores` of
     `targets` [B, T], the token after each position: (logits, scores).
     """
