@@ -19,8 +19,9 @@ import os
 from collections.abc import Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 
-from kernels_pallas import gdn_native, gdn_reference, head_parallel, native
+from kernels_pallas import dense_native, gdn_native, gdn_reference, head_parallel, native
 from kernels_pallas.gdn import delta_rule_kernel
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
@@ -30,6 +31,11 @@ MODES = ("pallas", "native", "reference", "interpret")
 REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no kernel does
 # A GPU has ~100+ SMs; split long contexts until there are about this many programs.
 _TARGET_PROGRAMS = 128
+# Where the native matmul beat XLA's dot (`python -m flipjax.bench matmul`): 2 to 16 rows of
+# at least 128 columns. One row is XLA's matvec, which streams the weight at full speed; from
+# 32 rows the GEMM's packing pays for itself.
+NATIVE_MATMUL_ROWS = range(2, 17)
+NATIVE_MATMUL_MIN_COLUMNS = 128
 
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "flipjax_kernels", default=None
@@ -138,3 +144,20 @@ def pooled_delta_rule(
         return None
     kernel = functools.partial(gdn_native.pooled_decode, native.target("gdn_decode"))
     return kernel if mesh is None else head_parallel.pooled_delta_rule(kernel, mesh)
+
+
+def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
+    """The native kernel for `x [rows, K] @ w [K, columns]` (`dense_native.matmul` without its
+    first argument), or None where XLA's dot runs.
+
+    It runs in `native` mode for fp32 products of `NATIVE_MATMUL_ROWS` rows and at least
+    `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
+    partitioner cannot split a custom call, so under a mesh it would gather the weight.
+    """
+    if current_mode() != "native" or not head_parallel.local():
+        return None
+    if jnp.dtype(dtype) != jnp.float32 or rows not in NATIVE_MATMUL_ROWS:
+        return None
+    if columns < NATIVE_MATMUL_MIN_COLUMNS:
+        return None
+    return functools.partial(dense_native.matmul, native.target("matmul"))

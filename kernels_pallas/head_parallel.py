@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 _mesh: contextvars.ContextVar[Mesh | None] = contextvars.ContextVar(
     "flipjax_head_mesh", default=None
 )
+_local: contextvars.ContextVar[bool] = contextvars.ContextVar("flipjax_one_device", default=False)
 
 
 @contextlib.contextmanager
@@ -33,14 +34,22 @@ def across(mesh: Mesh | None) -> Iterator[None]:
     if mesh is not None and len(mesh.axis_names) != 1:
         raise ValueError(f"head parallel: a 1-D mesh is needed, got axes {mesh.axis_names}")
     token = _mesh.set(mesh if mesh is not None and mesh.size > 1 else None)
+    local = _local.set(mesh is not None and mesh.size == 1)
     try:
         yield
     finally:
+        _local.reset(local)
         _mesh.reset(token)
 
 
 def current() -> Mesh | None:
     return _mesh.get()
+
+
+def local() -> bool:
+    """Whether the program being traced is known to run on one device (inside `across` with a
+    one-device mesh), so a kernel the partitioner cannot split may take whole operands."""
+    return _local.get()
 
 
 def attention(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax.Array]:

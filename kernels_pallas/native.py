@@ -1,13 +1,15 @@
 """Native CPU kernels: C++ XLA FFI handlers built on first use and registered with XLA.
 
 XLA:CPU has no counterpart of a Pallas kernel, so where a step's XLA form makes many passes
-over memory (the GDN decode update) a short C++ handler does the job in one. Each source in
-`kernels_pallas/cpu/` is compiled with the machine's C++ compiler against the FFI headers
-jaxlib ships, for this CPU (`-march=native`), into a cache keyed by the source, the flags,
-jaxlib's version and the CPU's features; concurrent builders each write a temporary file and
-rename it into place, so a reader never loads half a library. Where they cannot be built (no
-compiler), `available()` says so and logs why once, and `kernels_pallas.dispatch` runs the
-pure-JAX references instead. This module imports nothing from flipjax.
+over memory a short C++ handler does the job in one: the GDN decode update, and the
+small-batch matmul, which XLA's GEMM libraries run with a packing pass over the weight. Each
+source in `kernels_pallas/cpu/` is compiled with the machine's C++ compiler against the FFI
+headers jaxlib ships, for this CPU (`-march=native`), into a cache keyed by the source, the
+headers beside it, the flags, jaxlib's version and the CPU's features; concurrent builders
+each write a temporary file and rename it into place, so a reader never loads half a library.
+Where they cannot be built (no compiler), `available()` says so and logs why once, and
+`kernels_pallas.dispatch` runs the pure-JAX references instead. This module imports nothing
+from flipjax.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import jaxlib
 
 CACHE_ENV = "FLIPJAX_NATIVE_CACHE"
 SOURCES = Path(__file__).parent / "cpu"
-KERNELS = ("gdn_decode",)
+KERNELS = ("gdn_decode", "matmul")
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 log = logging.getLogger(__name__)
@@ -65,8 +67,9 @@ def build(name: str) -> Path:
     if compiler is None:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(FLAGS).encode(), jaxlib.__version__.encode(),
-                 compiler.encode(), _cpu_features().encode()):  # fmt: skip
+    headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # shared by the sources
+    facts = (" ".join(FLAGS), jaxlib.__version__, compiler, _cpu_features())
+    for part in (source.read_bytes(), *headers, *(f.encode() for f in facts)):
         key.update(part)
     folder = _cache_folder()
     library = folder / f"{name}-{key.hexdigest()[:16]}.so"
@@ -76,7 +79,10 @@ def build(name: str) -> Path:
     fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".so")
     os.close(fd)
     try:
-        command = [compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(source), "-o", partial]
+        command = [
+            compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), "-I", str(SOURCES), str(source),
+            "-o", partial,
+        ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")

@@ -10,11 +10,14 @@ fp32 because the checkpoints were trained that way.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
+from kernels_pallas import dispatch
 
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float) -> jax.Array:
@@ -32,6 +35,10 @@ class Linear(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         w = self.kernel[...]
         if w.dtype == jnp.float32:
+            rows = math.prod(x.shape[:-1])
+            native = dispatch.matmul(rows, w.shape[1], x.dtype)
+            if native is not None:  # a decode step's few rows (see `dispatch.matmul`)
+                return native(x.reshape(rows, -1), w).reshape(*x.shape[:-1], w.shape[1])
             return jnp.einsum("...i,io->...o", x, w)
         # Low-precision weights accumulate in fp32 (XLA:CPU runs bf16 x bf16 -> bf16 about 10x
         # slower than the same product accumulated in fp32), and on the CPU a single row is

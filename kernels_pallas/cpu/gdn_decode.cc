@@ -17,12 +17,10 @@
 // Rows own distinct slots (the engine's pools check it), so no two rows touch one state.
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <memory>
-#include <thread>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -67,10 +65,6 @@ struct Work {
   const int32_t *reads, *writes;
   const float *q, *k, *v, *alpha, *beta;
   float* out;
-  int64_t items;  // rows * heads
-  int64_t chunk;  // items per task
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
 
   // Head h's state in `slot`, or null for a slot outside the pool.
   float* At(int32_t slot, int64_t h) const {
@@ -78,24 +72,18 @@ struct Work {
     return pool + (static_cast<int64_t>(slot) * s.heads + h) * s.dk * s.dv;
   }
 
-  // Claims chunks until none is left; returns when this caller has nothing more to do.
-  void Drain() {
+  // Items [first, last) of rows * heads.
+  void Run(int64_t first, int64_t last) const {
     std::unique_ptr<float[]> scratch(new float[2 * s.dv]);
-    for (;;) {
-      const int64_t first = next.fetch_add(chunk);
-      if (first >= items) return;
-      const int64_t last = std::min(first + chunk, items);
-      for (int64_t item = first; item < last; ++item) {
-        const int64_t b = item / s.heads, h = item % s.heads;
-        float* dst = At(writes[b], h);
-        if (dst == nullptr) {  // a padding row: nothing to keep; its output reads zero
-          std::fill(out + item * s.dv, out + (item + 1) * s.dv, 0.0f);
-          continue;
-        }
-        StepHead(At(reads[b], h), q + item * s.dk, k + item * s.dk, v + item * s.dv,
-                 alpha[item], beta[item], s.dk, s.dv, dst, out + item * s.dv, scratch.get());
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t b = item / s.heads, h = item % s.heads;
+      float* dst = At(writes[b], h);
+      if (dst == nullptr) {  // a padding row: nothing to keep; its output reads zero
+        std::fill(out + item * s.dv, out + (item + 1) * s.dv, 0.0f);
+        continue;
       }
-      done.fetch_add(last - first);
+      StepHead(At(reads[b], h), q + item * s.dk, k + item * s.dk, v + item * s.dv, alpha[item],
+               beta[item], s.dk, s.dv, dst, out + item * s.dv, scratch.get());
     }
   }
 };
@@ -118,29 +106,21 @@ ffi::Error GdnDecodeImpl(ffi::ThreadPool pool_threads, ffi::Buffer<ffi::F32> poo
       qd[2] != pd[2] || v.dimensions()[2] != pd[3]) {
     return ffi::Error::InvalidArgument("gdn_decode: row, head or head-dim counts disagree");
   }
-  auto work = std::make_shared<Work>();
-  work->s = Shapes{pd[0], pd[1], pd[2], pd[3]};
+  Work work;
+  work.s = Shapes{pd[0], pd[1], pd[2], pd[3]};
   // The output pool is the input pool (aliased): it is read and updated in place.
-  work->pool = pool_out->typed_data();
-  work->reads = reads.typed_data();
-  work->writes = writes.typed_data();
-  work->q = q.typed_data();
-  work->k = k.typed_data();
-  work->v = v.typed_data();
-  work->alpha = alpha.typed_data();
-  work->beta = beta.typed_data();
-  work->out = out->typed_data();
-  work->items = rows * pd[1];
-  const int64_t threads = std::max<int64_t>(1, pool_threads.num_threads());
+  work.pool = pool_out->typed_data();
+  work.reads = reads.typed_data();
+  work.writes = writes.typed_data();
+  work.q = q.typed_data();
+  work.k = k.typed_data();
+  work.v = v.typed_data();
+  work.alpha = alpha.typed_data();
+  work.beta = beta.typed_data();
+  work.out = out->typed_data();
   // A few chunks per thread, so a thread that starts late still finds work.
-  work->chunk = std::max<int64_t>(1, work->items / (4 * threads));
-  for (int64_t t = 1; t < threads; ++t) {
-    pool_threads.Schedule([work] { work->Drain(); });
-  }
-  work->Drain();
-  // A task scheduled behind busy threads may start after the work is gone; it then returns at
-  // once, holding its own reference to `work`, so only finished chunks are waited for here.
-  while (work->done.load() < work->items) std::this_thread::yield();
+  flipjax::ParallelFor(pool_threads, rows * pd[1], 4, pool_threads.num_threads(),
+                       [work](int64_t first, int64_t last) { work.Run(first, last); });
   return ffi::Error::Success();
 }
 

@@ -1,0 +1,176 @@
+// y = x @ w for the few rows of a decode step, fp32, streaming w from its [K, N] layout (an XLA
+// FFI handler).
+//
+// A GEMM library packs w into panels before it multiplies. At decode's batch sizes w is read
+// once per call and barely reused, so the packing adds memory traffic to a product that is
+// already bound by it: XLA's [8, 768] x [768, 32000] ran at 10-15 GB/s where a one-row product
+// streams the same weights at 28. Here a task takes a panel of w's columns (1.5 KB of each
+// row) and walks its rows in blocks; each block stays in L1 while every group of x's rows is
+// multiplied into it, with the group's accumulators held in registers.
+//
+// Every output is the sum over k in order 0..K-1 of fused multiply-adds, however many rows x
+// has and wherever a row sits, so a row's result does not depend on its batch.
+//
+// Inputs: x f32[M, K]; w f32[K, N]. Output: y f32[M, N].
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr int kRows = 8;  // rows per group: 8 rows x 3 vectors fill 24 of 32 vector registers
+#else
+constexpr int kLanes = 8;
+constexpr int kRows = 4;  // 4 rows x 3 vectors fill 12 of 16 vector registers
+#endif
+constexpr int kPanelVectors = 24;  // a task's columns, in vectors (divisible by 8, 6 and 3)
+constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
+constexpr int kPrefetch = 16;      // rows of w ahead
+constexpr int64_t kWorkPerThread = 1 << 18;  // multiply-adds that pay for waking a thread
+
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Vec Load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline Vec LoadPart(const float* p, int width) {
+  Vec v = {};
+  std::memcpy(&v, p, width * sizeof(float));
+  return v;
+}
+
+// y[0:R, cols] (+)= x[0:R, k0:k1] @ w[k0:k1, cols], cols = V vectors from w's and y's first
+// column (rows strided by k for x and n for w and y). With kPartial (V = 1), only the first
+// `width` columns are real: w's row is then read a vector wide, into the next row, except
+// for the last row, whose tail is copied, and y is read and written `width` wide. The first
+// block of rows (k0 = 0) starts from zero, later ones add to y.
+template <int R, int V, bool kPartial>
+void Block(const float* x, const float* w, float* y, int64_t k, int64_t n, int64_t k0,
+           int64_t k1, int width) {
+  Vec acc[R][V];
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) {
+      const float* at = y + r * n + v * kLanes;
+      acc[r][v] = k0 == 0 ? Vec{} : kPartial ? LoadPart(at, width) : Load(at);
+    }
+  }
+  for (int64_t i = k0; i < k1; ++i) {
+    const float* wi = w + i * n;
+    if (i + kPrefetch < k) {
+      for (int v = 0; v < V; ++v) __builtin_prefetch(wi + kPrefetch * n + v * kLanes, 0, 2);
+    }
+    Vec wv[V];
+    for (int v = 0; v < V; ++v) {
+      wv[v] = kPartial && i == k - 1 ? LoadPart(wi + v * kLanes, width) : Load(wi + v * kLanes);
+    }
+    for (int r = 0; r < R; ++r) {
+      const float s = x[r * k + i];
+      for (int v = 0; v < V; ++v) acc[r][v] += s * wv[v];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) {
+      std::memcpy(y + r * n + v * kLanes, &acc[r][v], (kPartial ? width : kLanes) * sizeof(float));
+    }
+  }
+}
+
+// Block for a group of `rows` rows (1 to kRows).
+template <int V, bool kPartial = false>
+void Rows(int rows, const float* x, const float* w, float* y, int64_t k, int64_t n, int64_t k0,
+          int64_t k1, int width = kLanes) {
+  switch (rows) {
+#define FLIPJAX_ROWS(R) \
+  case R:               \
+    return Block<R, V, kPartial>(x, w, y, k, n, k0, k1, width);
+    FLIPJAX_ROWS(1)
+    FLIPJAX_ROWS(2)
+    FLIPJAX_ROWS(3)
+    FLIPJAX_ROWS(4)
+#if defined(__AVX512F__)
+    FLIPJAX_ROWS(5)
+    FLIPJAX_ROWS(6)
+    FLIPJAX_ROWS(7)
+    FLIPJAX_ROWS(8)
+#endif
+#undef FLIPJAX_ROWS
+  }
+}
+
+// One block of rows of a panel for one group of x's rows, in sub-tiles whose accumulators fit
+// the registers: the fewer the rows, the wider the sub-tile and the longer each read of w.
+void Panel(int rows, const float* x, const float* w, float* y, int64_t k, int64_t n, int64_t k0,
+           int64_t k1) {
+  const int sub = rows <= kRows / 4 ? 8 : rows <= kRows / 2 ? 6 : 3;
+  for (int v = 0; v < kPanelVectors; v += sub) {
+    const int64_t c = v * kLanes;
+    if (sub == 8) Rows<8>(rows, x, w + c, y + c, k, n, k0, k1);
+    if (sub == 6) Rows<6>(rows, x, w + c, y + c, k, n, k0, k1);
+    if (sub == 3) Rows<3>(rows, x, w + c, y + c, k, n, k0, k1);
+  }
+}
+
+ffi::Error MatmulImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                      ffi::ResultBuffer<ffi::F32> y) {
+  const auto xd = x.dimensions();
+  const auto wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || xd[1] == 0) {
+    return ffi::Error::InvalidArgument("matmul: x must be [M, K] and w [K, N], with K > 0");
+  }
+  const int64_t m = xd[0], k = xd[1], n = wd[1];
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* yp = y->typed_data();
+  const int64_t panel = kPanelVectors * kLanes;
+  const int64_t panels = n / panel;
+  const int64_t vectors = (n % panel) / kLanes;  // whole vectors after the panels
+  const int width = static_cast<int>(n % kLanes);  // columns after those
+  const bool tail = vectors > 0 || width > 0;
+  const int64_t max_threads = std::max<int64_t>(1, m * k * n / kWorkPerThread);
+  flipjax::ParallelFor(threads, panels + tail, 2, max_threads, [=](int64_t first, int64_t last) {
+    for (int64_t p = first; p < last; ++p) {
+      const int64_t c = p * panel;
+      for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
+        const int64_t k1 = std::min(k, k0 + kBlock);
+        for (int64_t r = 0; r < m; r += kRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+          const float* xr = xp + r * k;
+          float* yr = yp + r * n + c;
+          if (p < panels) {
+            Panel(rows, xr, wp + c, yr, k, n, k0, k1);
+            continue;
+          }
+          for (int64_t v = 0; v < vectors; ++v) {
+            Rows<1>(rows, xr, wp + c + v * kLanes, yr + v * kLanes, k, n, k0, k1);
+          }
+          if (width > 0) {
+            const int64_t at = vectors * kLanes;
+            Rows<1, true>(rows, xr, wp + c + at, yr + at, k, n, k0, k1, width);
+          }
+        }
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmul, MatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // w
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
+);

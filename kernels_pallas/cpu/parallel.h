@@ -1,0 +1,53 @@
+// A parallel-for over XLA's intra-op thread pool, shared by the native kernels' FFI handlers.
+//
+// XLA's `ffi::ThreadPool` offers `Schedule` but no parallel-for. Work is claimed in chunks from
+// an atomic counter by the calling thread and by pool tasks, so a thread that starts late (or
+// runs slower on a shared machine) takes fewer chunks instead of holding the others up.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace flipjax {
+
+// Runs body(first, last) over [0, items) in chunks of about items / (chunks_per_thread *
+// threads), on at most `max_threads` threads (the caller's included); returns when every item
+// is done.
+template <typename Body>
+void ParallelFor(xla::ffi::ThreadPool& pool, int64_t items, int64_t chunks_per_thread,
+                 int64_t max_threads, Body body) {
+  struct State {
+    Body body;
+    int64_t items, chunk;
+    std::atomic<int64_t> next{0}, done{0};
+    State(Body b, int64_t n, int64_t c) : body(std::move(b)), items(n), chunk(c) {}
+    void Drain() {
+      for (;;) {
+        const int64_t first = next.fetch_add(chunk);
+        if (first >= items) return;
+        const int64_t last = std::min(first + chunk, items);
+        body(first, last);
+        done.fetch_add(last - first);
+      }
+    }
+  };
+  if (items <= 0) return;
+  const int64_t threads =
+      std::max<int64_t>(1, std::min<int64_t>(max_threads, pool.num_threads()));
+  const int64_t chunk = std::max<int64_t>(1, items / (chunks_per_thread * threads));
+  auto state = std::make_shared<State>(std::move(body), items, chunk);
+  const int64_t helpers = std::min(threads, (items + chunk - 1) / chunk) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([state] { state->Drain(); });
+  state->Drain();
+  // A task scheduled behind busy threads may start after the work is gone; it then returns at
+  // once, holding its own reference to the state, so only claimed chunks are waited for here.
+  while (state->done.load() < items) std::this_thread::yield();
+}
+
+}  // namespace flipjax
