@@ -7,7 +7,8 @@ and parallel choices against their peers), `policy` (the phase policy replayed o
 trace against either static layout), `prefetch` (a stream's inter-token gaps while disk hits
 are served, reading on the engine thread vs on the store's worker), `multihost` (`tp:4` over two
 processes against one, and the plan broadcast's cost), `gpu` (the Pallas kernels against the
-XLA references on an accelerator: kernel checks, decode, a long prefill, a flip). Each
+XLA references on an accelerator: kernel checks, decode, a long prefill, a flip), `matmul`
+(the native small-batch matmul against XLA's dot, per weight shape and row count). Each
 reports ratios, since a single absolute time on a shared machine means little.
 """
 
@@ -17,6 +18,7 @@ import sys
 
 BENCHMARKS = (
     "engine", "store", "flip", "serve", "requests", "policy", "prefetch", "multihost", "gpu",
+    "matmul",
 )  # fmt: skip
 
 
@@ -40,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.multihost import main as run
     elif argv[0] == "gpu":
         from flipjax.benchmarks.gpu import main as run
+    elif argv[0] == "matmul":
+        from flipjax.benchmarks.matmul import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

@@ -1,0 +1,88 @@
+"""`python -m flipjax.bench matmul`: the native small-batch matmul against XLA's dot.
+
+For every distinct `[in, out]` weight of the engine benchmark's model and each row count, both
+run `x [rows, in] @ w [in, out]` in fp32 over enough copies of the weight that none stays in
+cache between calls (as in a decode step, which reads each weight once). Reports each time, the
+ratio and the weight bytes per second of either, and marks the row counts `dispatch.matmul`
+hands to the native kernel; the thresholds there come from this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flipjax.benchmarks.engine import REFERENCE_CONFIG
+from kernels_pallas import dense_native, dispatch, head_parallel, native
+
+COPIES_BYTES = 96 << 20  # more than a server CPU's last-level cache
+
+
+def weight_shapes(cfg: dict) -> list[tuple[int, int]]:
+    """The distinct [in, out] shapes of the model's linear layers."""
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+    shapes = {
+        (h, cfg["vocab_size"]),  # lm head
+        (h, cfg["intermediate_size"]), (cfg["intermediate_size"], h),  # MLP
+        (h, 2 * hk * dk + 2 * hv * dv), (h, 2 * hv), (hv * dv, h),  # GDN in and out
+        (h, 2 * cfg["num_attention_heads"] * d), (h, cfg["num_key_value_heads"] * d),  # q, k/v
+    }  # fmt: skip
+    return sorted(shapes, key=lambda s: -s[0] * s[1])
+
+
+def per_call_seconds(
+    product: Callable[[jax.Array, jax.Array], jax.Array],
+    x: jax.Array,
+    weights: list[jax.Array],
+    repeats: int,
+) -> float:
+    """Median over `repeats` passes of `product(x, w)` over every copy `w`, per call."""
+    jax.block_until_ready([product(x, w) for w in weights])
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready([product(x, w) for w in weights])
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / len(weights)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flipjax.bench matmul", description=__doc__)
+    p.add_argument("--rows", default="1,2,4,8,16,32")
+    p.add_argument("--repeats", type=int, default=15)
+    args = p.parse_args(argv)
+    if not native.available():
+        raise SystemExit("bench matmul: the native kernels do not build here (see the log)")
+    rows_list = [int(r) for r in args.rows.split(",")]
+    target = native.target("matmul")
+    ours = jax.jit(lambda x, w: dense_native.matmul(target, x, w))
+    xla = jax.jit(lambda x, w: x @ w)
+    rng = np.random.default_rng(0)
+    print(f"{'x @ w':>24} {'native ms':>10} {'xla ms':>8} {'ratio':>6} {'GB/s native':>12} "
+          f"{'xla':>6}  dispatch")  # fmt: skip
+    for k, n in weight_shapes(REFERENCE_CONFIG):
+        copies = max(1, COPIES_BYTES // (4 * k * n))
+        ws = [jnp.asarray(rng.normal(0, 0.02, (k, n)), jnp.float32) for _ in range(copies)]
+        for m in rows_list:
+            x = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
+            t_ours = per_call_seconds(ours, x, ws, args.repeats)
+            t_xla = per_call_seconds(xla, x, ws, args.repeats)
+            picked = _picked(m, n)
+            print(f"{f'[{m},{k}] x [{k},{n}]':>24} {t_ours * 1e3:>10.3f} {t_xla * 1e3:>8.3f} "
+                  f"{t_xla / t_ours:>5.2f}x {4 * k * n / t_ours / 1e9:>12.1f} "
+                  f"{4 * k * n / t_xla / 1e9:>6.1f}  {'native' if picked else 'xla'}")  # fmt: skip
+
+
+def _picked(rows: int, columns: int) -> bool:
+    """Whether a one-device decode step in `native` mode runs this product natively."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("tp",))
+    with dispatch.kernels("native"), head_parallel.across(mesh):
+        return dispatch.matmul(rows, columns, jnp.float32) is not None
