@@ -1,5 +1,7 @@
 """The native CPU kernels: built here, equal to the pure-JAX step they replace, and used by
-the engine's decode steps on every layout without gathering a sharded pool.
+the engine's decode steps on every layout without gathering a sharded pool (the GDN update on
+every layout, the matmul where a stage has one device; its own checks are in
+`test_native_matmul.py`).
 
 The oracle is `gdn_reference`'s recurrence over rows gathered from the pool (the form the
 engine ran before the kernel) and, end to end, the engine's tokens with the kernel switched off.
@@ -108,6 +110,12 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert engine.runner.kernels == "native"
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
     assert "flipjax_gdn_decode" in _decode_program(engine)
+    # The matmul kernel only where a stage has one device: the partitioner cannot split it.
+    assert ("flipjax_matmul" in _decode_program(engine)) == (layout == "single")
+    if layout == "single":
+        assert "flipjax_matmul" not in _decode_program(engine, rows=1)  # XLA's matvec
+        prefill, _ = engine.runner.binding.programs(0, (1, 32))  # 32 rows: XLA's GEMM
+        assert "flipjax_matmul" not in prefill.as_text()
     _, _, in_place = engine.runner.binding._stage_programs(0, (4, 1))
     assert in_place  # the step updated the GDN pools itself
     if layout == "tp:2":

@@ -1,9 +1,9 @@
 """The native small-batch matmul: equal to the float64 product on every tile shape it cuts,
-independent of the batch a row sits in, refused where it must not run, and used by decode
-steps on one device only.
+independent of the batch a row sits in, refused where it must not run, and offered for decode
+rows on one device only.
 
-The oracle is numpy's float64 product; the engine's tokens with the kernels off are checked in
-`test_native_kernels.py`, whose layouts run this kernel too.
+The oracle is numpy's float64 product. Which layouts' steps run it, and that they give the
+tokens of the engine with the kernels off, is checked in `test_native_kernels.py`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from flipjax import Engine
 from kernels_pallas import dense_native, dispatch, head_parallel, native
-
-OPTIONS = dict(num_pages=64, max_running_requests=4, max_prefill_tokens=32)
 
 
 def _run(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -76,14 +73,3 @@ def test_it_is_offered_for_fp32_decode_rows_on_one_device_only():
         assert dispatch.matmul(8, 768, f32) is None  # would gather a sharded weight
     with dispatch.kernels("reference"), head_parallel.across(one):
         assert dispatch.matmul(8, 768, f32) is None
-
-
-@pytest.mark.parametrize("layout,used", [("single", True), ("pp:5,3", True), ("tp:2", False)])
-def test_decode_steps_use_it_where_each_stage_has_one_device(layout, used):
-    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
-    for rows, expected in ((1, False), (4, used)):
-        step, _ = engine.runner.binding.programs(0, (rows, 1))
-        text = step.as_text()
-        assert ("flipjax_matmul" in text) == expected, (layout, rows)
-    prefill, _ = engine.runner.binding.programs(0, (1, 32))  # 32 rows: XLA's GEMM
-    assert "flipjax_matmul" not in prefill.as_text()
