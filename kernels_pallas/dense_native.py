@@ -2,9 +2,10 @@
 
 XLA:CPU's GEMM libraries pack the weight before multiplying, which at 2 to 16 rows costs more
 than the multiply: the kernel instead streams the `[in, out]` weight once, in panels that stay
-in L1 while every row is multiplied into them (see the source for the measurements). Each
-output is summed over `in` in order, so a row's result does not depend on its batch. This
-module imports nothing from flipjax.
+in L1 while every row is multiplied into them (see the source for the measurements). A bf16
+weight is widened as it is read, so it streams half the bytes. Each output is summed over `in`
+in order, so a row's result does not depend on its batch. This module imports nothing from
+flipjax.
 """
 
 from __future__ import annotations
@@ -12,12 +13,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+TARGETS = {jnp.dtype(jnp.float32): "matmul", jnp.dtype(jnp.bfloat16): "matmul_bf16"}
 
-def matmul(target: str, x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [M, K] @ w [K, N], both float32, by the FFI target `target`; [M, N] float32."""
+
+def matmul(targets: dict[jnp.dtype, str], x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [M, K] float32 @ w [K, N], float32 or bfloat16 (widened exactly, accumulated in
+    fp32), by the FFI target `targets` names for w's dtype; [M, N] float32."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0] or w.shape[0] == 0:
         raise ValueError(f"native matmul: need x [M, K] and w [K, N], got {x.shape} and {w.shape}")
-    if x.dtype != jnp.float32 or w.dtype != jnp.float32:
-        raise ValueError(f"native matmul: x and w must be float32, got {x.dtype} and {w.dtype}")
+    if x.dtype != jnp.float32 or w.dtype not in targets:
+        raise ValueError(
+            f"native matmul: x must be float32 and w one of {sorted(map(str, targets))}, "
+            f"got {x.dtype} and {w.dtype}"
+        )
     out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32)
-    return jax.ffi.ffi_call(target, out)(x, w)
+    return jax.ffi.ffi_call(targets[w.dtype], out)(x, w)

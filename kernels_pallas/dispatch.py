@@ -31,10 +31,12 @@ MODES = ("pallas", "native", "reference", "interpret")
 REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no kernel does
 # A GPU has ~100+ SMs; split long contexts until there are about this many programs.
 _TARGET_PROGRAMS = 128
-# Where the native matmul beat XLA's dot (`python -m flipjax.bench matmul`): 2 to 16 rows of
-# at least 128 columns. One row is XLA's matvec, which streams the weight at full speed; from
-# 32 rows the GEMM's packing pays for itself.
-NATIVE_MATMUL_ROWS = range(2, 17)
+# Where the native matmul beat XLA's dot (`python -m flipjax.bench matmul [--dtype]`), by the
+# weight's dtype, over at least 128 columns: fp32 at 2 to 16 rows (one row is XLA's matvec,
+# which streams the weight at full speed; from 32 rows the GEMM's packing pays for itself);
+# bf16 at 1 to 4 (XLA has no fast bf16 matvec; at 8 rows whole bench-model steps were slower
+# with the kernel, on a CPU whose bf16 dot-product instructions XLA's GEMM uses).
+NATIVE_MATMUL_ROWS = {jnp.dtype(jnp.float32): range(2, 17), jnp.dtype(jnp.bfloat16): range(1, 5)}
 NATIVE_MATMUL_MIN_COLUMNS = 128
 
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -147,17 +149,18 @@ def pooled_delta_rule(
 
 
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
-    """The native kernel for `x [rows, K] @ w [K, columns]` (`dense_native.matmul` without its
-    first argument), or None where XLA's dot runs.
+    """The native kernel for `x [rows, K] @ w [K, columns]` with w of `dtype` (x in fp32;
+    `dense_native.matmul` without its first argument), or None where XLA's dot runs.
 
-    It runs in `native` mode for fp32 products of `NATIVE_MATMUL_ROWS` rows and at least
-    `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
+    It runs in `native` mode for the row counts `NATIVE_MATMUL_ROWS` gives the dtype, over at
+    least `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
     partitioner cannot split a custom call, so under a mesh it would gather the weight.
     """
     if current_mode() != "native" or not head_parallel.local():
         return None
-    if jnp.dtype(dtype) != jnp.float32 or rows not in NATIVE_MATMUL_ROWS:
+    if rows not in NATIVE_MATMUL_ROWS.get(jnp.dtype(dtype), ()):
         return None
     if columns < NATIVE_MATMUL_MIN_COLUMNS:
         return None
-    return functools.partial(dense_native.matmul, native.target("matmul"))
+    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
+    return functools.partial(dense_native.matmul, targets)

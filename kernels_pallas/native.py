@@ -30,7 +30,8 @@ import jaxlib
 
 CACHE_ENV = "FLIPJAX_NATIVE_CACHE"
 SOURCES = Path(__file__).parent / "cpu"
-KERNELS = ("gdn_decode", "matmul")
+KERNELS = ("gdn_decode", "matmul", "matmul_bf16")
+SOURCE_OF = {"matmul_bf16": "matmul"}  # handlers that share another kernel's source
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,9 @@ def available() -> bool:
 
 @functools.cache
 def target(name: str) -> str:
-    """The FFI target `flipjax_<name>`, built from `cpu/<name>.cc` and registered on first use."""
-    library = ctypes.cdll.LoadLibrary(str(build(name)))
+    """The FFI target `flipjax_<name>` (handler `Flipjax<Name>`), built from `cpu/<name>.cc`
+    (or the source `SOURCE_OF` names) and registered on first use."""
+    library = ctypes.cdll.LoadLibrary(str(build(SOURCE_OF.get(name, name))))
     symbol = "Flipjax" + "".join(part.title() for part in name.split("_"))
     ffi_name = f"flipjax_{name}"
     jax.ffi.register_ffi_target(

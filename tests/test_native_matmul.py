@@ -8,18 +8,23 @@ tokens of the engine with the kernels off, is checked in `test_native_kernels.py
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from jax.sharding import Mesh
 
+from flipjax.model.layers import Linear
 from kernels_pallas import dense_native, dispatch, head_parallel, native
 
 
-def _run(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    call = jax.jit(dense_native.matmul, static_argnums=0)
-    return np.asarray(call(native.target("matmul"), jnp.asarray(x), jnp.asarray(w)))
+def _run(x: np.ndarray, w: np.ndarray | jax.Array) -> np.ndarray:
+    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
+    return np.asarray(jax.jit(functools.partial(dense_native.matmul, targets))(x, w))
 
 
 def _operands(rows: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -41,6 +46,18 @@ def test_the_kernel_is_the_float64_product(rows, k, n):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.sqrt(k) * 8)
 
 
+@pytest.mark.parametrize("rows", [1, 8, 9])
+@pytest.mark.parametrize("k,n", [(65, 821), (3, 21)])
+def test_a_bf16_weight_is_widened_exactly_and_accumulated_in_fp32(rows, k, n):
+    x, w = _operands(rows, k, n, seed=2)
+    w16 = jnp.asarray(w, jnp.bfloat16)
+    # The oracle: the bf16 values themselves, multiplied in float64.
+    want = x.astype(np.float64) @ np.asarray(w16.astype(jnp.float32), np.float64)
+    got = _run(x, w16)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.sqrt(k) * 8)
+
+
 def test_a_rows_result_does_not_depend_on_its_batch():
     x, w = _operands(13, 200, 500, seed=1)
     together = _run(x, w)
@@ -49,12 +66,14 @@ def test_a_rows_result_does_not_depend_on_its_batch():
 
 
 def test_bad_operands_are_refused_by_name():
-    target = native.target("matmul")
+    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
     x, w = _operands(2, 8, 16)
-    with pytest.raises(ValueError, match="must be float32, got bfloat16"):
-        dense_native.matmul(target, jnp.asarray(x, jnp.bfloat16), w)
+    with pytest.raises(ValueError, match="x must be float32 .* got bfloat16 and float32"):
+        dense_native.matmul(targets, jnp.asarray(x, jnp.bfloat16), w)
+    with pytest.raises(ValueError, match="w one of .* got float32 and float16"):
+        dense_native.matmul(targets, x, w.astype(np.float16))
     with pytest.raises(ValueError, match=r"need x \[M, K\] and w \[K, N\], got \(2, 8\) and"):
-        dense_native.matmul(target, x, w[:4])
+        dense_native.matmul(targets, x, w[:4])
 
 
 def test_it_is_offered_for_fp32_decode_rows_on_one_device_only():
@@ -68,8 +87,29 @@ def test_it_is_offered_for_fp32_decode_rows_on_one_device_only():
         assert dispatch.matmul(1, 768, f32) is None  # XLA's matvec streams at full speed
         assert dispatch.matmul(17, 768, f32) is None  # the GEMM's packing pays from here
         assert dispatch.matmul(8, 127, f32) is None
-        assert dispatch.matmul(8, 768, jnp.bfloat16) is None
+        bf16 = jnp.bfloat16
+        assert dispatch.matmul(1, 768, bf16) is not None and dispatch.matmul(4, 768, bf16)
+        assert dispatch.matmul(5, 768, bf16) is None  # XLA's bf16 GEMM from here
+        assert dispatch.matmul(4, 768, jnp.float16) is None
     with dispatch.kernels("native"), head_parallel.across(two):
         assert dispatch.matmul(8, 768, f32) is None  # would gather a sharded weight
     with dispatch.kernels("reference"), head_parallel.across(one):
         assert dispatch.matmul(8, 768, f32) is None
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("lead", [(1,), (2,), (2, 3)])
+def test_a_linear_on_one_device_runs_the_kernel_and_gives_its_product(dtype, lead):
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    lin = Linear(256, 384, dtype=dtype, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(1), (*lead, 256)).astype(dtype)
+    want = x.astype(jnp.float32) @ lin.kernel[...].astype(jnp.float32)
+    with dispatch.kernels("native"), head_parallel.across(one):
+        program = jax.jit(lin.__call__).lower(x)
+        got = lin(x)
+    uses = "flipjax_matmul" in program.as_text()
+    rows = math.prod(lead)
+    assert uses == (2 <= rows <= 16 if dtype == jnp.float32 else rows <= 4)
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = dict(rtol=2**-7, atol=1e-6) if dtype == jnp.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, **tol)

@@ -1,7 +1,8 @@
 """`python -m flipjax.bench matmul`: the native small-batch matmul against XLA's dot.
 
 For every distinct `[in, out]` weight of the engine benchmark's model and each row count, both
-run `x [rows, in] @ w [in, out]` in fp32 over enough copies of the weight that none stays in
+run `x [rows, in] @ w [in, out]` (w in fp32, or bf16 with `--dtype bfloat16`, accumulated in
+fp32 as `Linear` runs it) over enough copies of the weight that none stays in
 cache between calls (as in a decode step, which reads each weight once). Reports each time, the
 ratio and the weight bytes per second of either, and marks the row counts `dispatch.matmul`
 hands to the native kernel; the thresholds there come from this table.
@@ -58,31 +59,42 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m flipjax.bench matmul", description=__doc__)
     p.add_argument("--rows", default="1,2,4,8,16,32")
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = p.parse_args(argv)
     if not native.available():
         raise SystemExit("bench matmul: the native kernels do not build here (see the log)")
     rows_list = [int(r) for r in args.rows.split(",")]
-    target = native.target("matmul")
-    ours = jax.jit(lambda x, w: dense_native.matmul(target, x, w))
-    xla = jax.jit(lambda x, w: x @ w)
+    dtype = jnp.dtype(args.dtype)
+    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
+    ours = jax.jit(lambda x, w: dense_native.matmul(targets, x, w))
+    xla = jax.jit(lambda x, w: _xla_product(x, w))
     rng = np.random.default_rng(0)
     print(f"{'x @ w':>24} {'native ms':>10} {'xla ms':>8} {'ratio':>6} {'GB/s native':>12} "
           f"{'xla':>6}  dispatch")  # fmt: skip
     for k, n in weight_shapes(REFERENCE_CONFIG):
-        copies = max(1, COPIES_BYTES // (4 * k * n))
-        ws = [jnp.asarray(rng.normal(0, 0.02, (k, n)), jnp.float32) for _ in range(copies)]
+        nbytes = dtype.itemsize * k * n
+        copies = max(1, COPIES_BYTES // nbytes)
+        ws = [jnp.asarray(rng.normal(0, 0.02, (k, n)), dtype) for _ in range(copies)]
         for m in rows_list:
             x = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
             t_ours = per_call_seconds(ours, x, ws, args.repeats)
             t_xla = per_call_seconds(xla, x, ws, args.repeats)
-            picked = _picked(m, n)
+            picked = _picked(m, n, dtype)
             print(f"{f'[{m},{k}] x [{k},{n}]':>24} {t_ours * 1e3:>10.3f} {t_xla * 1e3:>8.3f} "
-                  f"{t_xla / t_ours:>5.2f}x {4 * k * n / t_ours / 1e9:>12.1f} "
-                  f"{4 * k * n / t_xla / 1e9:>6.1f}  {'native' if picked else 'xla'}")  # fmt: skip
+                  f"{t_xla / t_ours:>5.2f}x {nbytes / t_ours / 1e9:>12.1f} "
+                  f"{nbytes / t_xla / 1e9:>6.1f}  {'native' if picked else 'xla'}")  # fmt: skip
 
 
-def _picked(rows: int, columns: int) -> bool:
+def _xla_product(x: jax.Array, w: jax.Array) -> jax.Array:
+    """XLA's dot as `Linear` runs it: fp32 as is; bf16 accumulated in fp32, one row as two."""
+    if w.dtype == jnp.float32:
+        return x @ w
+    rows = x if x.shape[0] > 1 else jnp.concatenate([x, x])
+    return jnp.matmul(rows.astype(w.dtype), w, preferred_element_type=jnp.float32)[: x.shape[0]]
+
+
+def _picked(rows: int, columns: int, dtype: jnp.dtype) -> bool:
     """Whether a one-device decode step in `native` mode runs this product natively."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("tp",))
     with dispatch.kernels("native"), head_parallel.across(mesh):
-        return dispatch.matmul(rows, columns, jnp.float32) is not None
+        return dispatch.matmul(rows, columns, dtype) is not None

@@ -34,11 +34,12 @@ class Linear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         w = self.kernel[...]
+        num_rows = math.prod(x.shape[:-1])
+        native = dispatch.matmul(num_rows, w.shape[1], w.dtype)
+        if native is not None:  # a decode step's few rows (see `dispatch.matmul`)
+            y = native(x.reshape(num_rows, -1).astype(jnp.float32), w)
+            return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[1])
         if w.dtype == jnp.float32:
-            rows = math.prod(x.shape[:-1])
-            native = dispatch.matmul(rows, w.shape[1], x.dtype)
-            if native is not None:  # a decode step's few rows (see `dispatch.matmul`)
-                return native(x.reshape(rows, -1), w).reshape(*x.shape[:-1], w.shape[1])
             return jnp.einsum("...i,io->...o", x, w)
         # Low-precision weights accumulate in fp32 (XLA:CPU runs bf16 x bf16 -> bf16 about 10x
         # slower than the same product accumulated in fp32), and on the CPU a single row is

@@ -11,7 +11,10 @@
 // Every output is the sum over k in order 0..K-1 of fused multiply-adds, however many rows x
 // has and wherever a row sits, so a row's result does not depend on its batch.
 //
-// Inputs: x f32[M, K]; w f32[K, N]. Output: y f32[M, N].
+// Two handlers: FlipjaxMatmul takes x f32[M, K] and w f32[K, N]; FlipjaxMatmulBf16 takes w
+// bf16[K, N], widened to fp32 as it is read (exactly: a bf16 is the top half of an fp32), so
+// it reads half the bytes and multiplies and accumulates as XLA's bf16 product with fp32
+// accumulation does. Both return y f32[M, N].
 
 #include <algorithm>
 #include <cstdint>
@@ -37,6 +40,13 @@ constexpr int kPrefetch = 16;      // rows of w ahead
 constexpr int64_t kWorkPerThread = 1 << 18;  // multiply-adds that pay for waking a thread
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+// A weight as stored: fp32, or bf16 held as its 16 bits.
+struct Bf16 {
+  uint16_t bits;
+};
 
 inline Vec Load(const float* p) {
   Vec v;
@@ -44,10 +54,21 @@ inline Vec Load(const float* p) {
   return v;
 }
 
-inline Vec LoadPart(const float* p, int width) {
-  Vec v = {};
-  std::memcpy(&v, p, width * sizeof(float));
+inline Vec Load(const Bf16* p) {
+  Halves h;
+  std::memcpy(&h, p, sizeof h);
+  const Words w = __builtin_convertvector(h, Words) << 16;
+  Vec v;
+  std::memcpy(&v, &w, sizeof v);
   return v;
+}
+
+// The first `width` lanes from p, zeros after them.
+template <typename W>
+inline Vec LoadPart(const W* p, int width) {
+  W part[kLanes] = {};
+  std::memcpy(part, p, width * sizeof(W));
+  return Load(part);
 }
 
 // y[0:R, cols] (+)= x[0:R, k0:k1] @ w[k0:k1, cols], cols = V vectors from w's and y's first
@@ -55,9 +76,9 @@ inline Vec LoadPart(const float* p, int width) {
 // `width` columns are real: w's row is then read a vector wide, into the next row, except
 // for the last row, whose tail is copied, and y is read and written `width` wide. The first
 // block of rows (k0 = 0) starts from zero, later ones add to y.
-template <int R, int V, bool kPartial>
-void Block(const float* x, const float* w, float* y, int64_t k, int64_t n, int64_t k0,
-           int64_t k1, int width) {
+template <int R, int V, bool kPartial, typename W>
+void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0, int64_t k1,
+           int width) {
   Vec acc[R][V];
   for (int r = 0; r < R; ++r) {
     for (int v = 0; v < V; ++v) {
@@ -66,7 +87,7 @@ void Block(const float* x, const float* w, float* y, int64_t k, int64_t n, int64
     }
   }
   for (int64_t i = k0; i < k1; ++i) {
-    const float* wi = w + i * n;
+    const W* wi = w + i * n;
     if (i + kPrefetch < k) {
       for (int v = 0; v < V; ++v) __builtin_prefetch(wi + kPrefetch * n + v * kLanes, 0, 2);
     }
@@ -87,13 +108,13 @@ void Block(const float* x, const float* w, float* y, int64_t k, int64_t n, int64
 }
 
 // Block for a group of `rows` rows (1 to kRows).
-template <int V, bool kPartial = false>
-void Rows(int rows, const float* x, const float* w, float* y, int64_t k, int64_t n, int64_t k0,
+template <int V, bool kPartial = false, typename W>
+void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0,
           int64_t k1, int width = kLanes) {
   switch (rows) {
 #define FLIPJAX_ROWS(R) \
   case R:               \
-    return Block<R, V, kPartial>(x, w, y, k, n, k0, k1, width);
+    return Block<R, V, kPartial, W>(x, w, y, k, n, k0, k1, width);
     FLIPJAX_ROWS(1)
     FLIPJAX_ROWS(2)
     FLIPJAX_ROWS(3)
@@ -110,7 +131,8 @@ void Rows(int rows, const float* x, const float* w, float* y, int64_t k, int64_t
 
 // One block of rows of a panel for one group of x's rows, in sub-tiles whose accumulators fit
 // the registers: the fewer the rows, the wider the sub-tile and the longer each read of w.
-void Panel(int rows, const float* x, const float* w, float* y, int64_t k, int64_t n, int64_t k0,
+template <typename W>
+void Panel(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0,
            int64_t k1) {
   const int sub = rows <= kRows / 4 ? 8 : rows <= kRows / 2 ? 6 : 3;
   for (int v = 0; v < kPanelVectors; v += sub) {
@@ -121,17 +143,10 @@ void Panel(int rows, const float* x, const float* w, float* y, int64_t k, int64_
   }
 }
 
-ffi::Error MatmulImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                      ffi::ResultBuffer<ffi::F32> y) {
-  const auto xd = x.dimensions();
-  const auto wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || xd[1] == 0) {
-    return ffi::Error::InvalidArgument("matmul: x must be [M, K] and w [K, N], with K > 0");
-  }
-  const int64_t m = xd[0], k = xd[1], n = wd[1];
-  const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
-  float* yp = y->typed_data();
+// y = x @ w over the buffers' data (w of `W`s), any M, K > 0 and N.
+template <typename W>
+void Multiply(ffi::ThreadPool& threads, const float* xp, const W* wp, float* yp, int64_t m,
+              int64_t k, int64_t n) {
   const int64_t panel = kPanelVectors * kLanes;
   const int64_t panels = n / panel;
   const int64_t vectors = (n % panel) / kLanes;  // whole vectors after the panels
@@ -162,6 +177,29 @@ ffi::Error MatmulImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buf
       }
     }
   });
+}
+
+ffi::Error CheckShapes(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd) {
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || xd[1] == 0) {
+    return ffi::Error::InvalidArgument("matmul: x must be [M, K] and w [K, N], with K > 0");
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error MatmulImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                      ffi::ResultBuffer<ffi::F32> y) {
+  if (auto error = CheckShapes(x.dimensions(), w.dimensions()); error.failure()) return error;
+  Multiply(threads, x.typed_data(), w.typed_data(), y->typed_data(), x.dimensions()[0],
+           x.dimensions()[1], w.dimensions()[1]);
+  return ffi::Error::Success();
+}
+
+ffi::Error MatmulBf16Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::BF16> w, ffi::ResultBuffer<ffi::F32> y) {
+  if (auto error = CheckShapes(x.dimensions(), w.dimensions()); error.failure()) return error;
+  const auto* bits = reinterpret_cast<const Bf16*>(w.untyped_data());
+  Multiply(threads, x.typed_data(), bits, y->typed_data(), x.dimensions()[0], x.dimensions()[1],
+           w.dimensions()[1]);
   return ffi::Error::Success();
 }
 
@@ -173,4 +211,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmul, MatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x
                                   .Arg<ffi::Buffer<ffi::F32>>()  // w
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulBf16, MatmulBf16Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()   // x
+                                  .Arg<ffi::Buffer<ffi::BF16>>()  // w
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // y
 );
