@@ -156,7 +156,7 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
     least `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
     partitioner cannot split a custom call, so under a mesh it would gather the weight.
     """
-    if current_mode() != "native" or not head_parallel.local():
+    if not head_parallel.local() or current_mode() != "native":  # cheapest question first
         return None
     if rows not in NATIVE_MATMUL_ROWS.get(jnp.dtype(dtype), ()):
         return None
