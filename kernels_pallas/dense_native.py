@@ -13,12 +13,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-TARGETS = {jnp.dtype(jnp.float32): "matmul", jnp.dtype(jnp.bfloat16): "matmul_bf16"}
+from kernels_pallas import native
+
+HANDLERS = {jnp.dtype(jnp.float32): "matmul", jnp.dtype(jnp.bfloat16): "matmul_bf16"}
+
+
+def targets() -> dict[jnp.dtype, str]:
+    """The FFI target for each weight dtype, built and registered on first use."""
+    return {dtype: native.target(name) for dtype, name in HANDLERS.items()}
 
 
 def matmul(targets: dict[jnp.dtype, str], x: jax.Array, w: jax.Array) -> jax.Array:
     """x [M, K] float32 @ w [K, N], float32 or bfloat16 (widened exactly, accumulated in
-    fp32), by the FFI target `targets` names for w's dtype; [M, N] float32."""
+    fp32), by the FFI target `targets` (see `targets()`) names for w's dtype; [M, N] float32."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0] or w.shape[0] == 0:
         raise ValueError(f"native matmul: need x [M, K] and w [K, N], got {x.shape} and {w.shape}")
     if x.dtype != jnp.float32 or w.dtype not in targets:

@@ -162,5 +162,4 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
         return None
     if columns < NATIVE_MATMUL_MIN_COLUMNS:
         return None
-    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
-    return functools.partial(dense_native.matmul, targets)
+    return functools.partial(dense_native.matmul, dense_native.targets())

@@ -19,12 +19,12 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from flipjax.model.layers import Linear
-from kernels_pallas import dense_native, dispatch, head_parallel, native
+from kernels_pallas import dense_native, dispatch, head_parallel
 
 
 def _run(x: np.ndarray, w: np.ndarray | jax.Array) -> np.ndarray:
-    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
-    return np.asarray(jax.jit(functools.partial(dense_native.matmul, targets))(x, w))
+    matmul = functools.partial(dense_native.matmul, dense_native.targets())
+    return np.asarray(jax.jit(matmul)(x, w))
 
 
 def _operands(rows: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,7 +66,7 @@ def test_a_rows_result_does_not_depend_on_its_batch():
 
 
 def test_bad_operands_are_refused_by_name():
-    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
+    targets = dense_native.targets()
     x, w = _operands(2, 8, 16)
     with pytest.raises(ValueError, match="x must be float32 .* got bfloat16 and float32"):
         dense_native.matmul(targets, jnp.asarray(x, jnp.bfloat16), w)

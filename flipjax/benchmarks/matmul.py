@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("bench matmul: the native kernels do not build here (see the log)")
     rows_list = [int(r) for r in args.rows.split(",")]
     dtype = jnp.dtype(args.dtype)
-    targets = {dt: native.target(name) for dt, name in dense_native.TARGETS.items()}
+    targets = dense_native.targets()
     ours = jax.jit(lambda x, w: dense_native.matmul(targets, x, w))
     xla = jax.jit(lambda x, w: _xla_product(x, w))
     rng = np.random.default_rng(0)
