@@ -35,6 +35,9 @@ class EngineConfig:
     # is admitted and computes (catching up if the prefix lands mid-prefill); 0: never waits.
     # Running requests step on meanwhile: no step waits on the store.
     prefetch_wait_s: float = 0.1
+    # Dispatch a steady decode batch's next step before its sampled ids reach the host
+    # (`flipjax.engine.overlap`); the tokens are the same either way.
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):

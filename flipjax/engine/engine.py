@@ -20,6 +20,7 @@ from flipjax.engine.caches import Caches
 from flipjax.engine.config import EngineConfig
 from flipjax.engine.loader import load, model_fingerprint
 from flipjax.engine.outputs import Output, StepStats, build_output, final_text
+from flipjax.engine.overlap import Overlap
 from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.reference import ContiguousForward
@@ -95,6 +96,8 @@ class Engine:
         self.caches = Caches(self.allocator, self.prefix_cache, self.reuse, moves_state)
         self.requests = Requests(tokenizer, self.config.vocab_size, max_len, self.scheduler)
         self.stepper = Stepper(self.runner, self.scheduler, self.reuse, tokenizer, max_len)
+        self.overlap = Overlap(self.stepper, self.scheduler, self.runner, self.reuse, ec.overlap)
+        self._drained: list[Output] = []  # finished while an operation settled the batch
         self.sessions = Sessions(checkpoints, self.gdn_interval)
         self.last_step: StepStats | None = None
         self._reference = ContiguousForward(self.graphdef, self.config, dtype)
@@ -142,6 +145,7 @@ class Engine:
         Returns the `FlipRecord` (None if already there); a refused or failed flip raises and
         leaves the engine serving in its old layout. `reseed` drops the device prefix cache
         instead of moving it (the store serves those prefixes again)."""
+        self.settle()
         return self.layouts.flip(layout, self.caches.reseed if reseed else None)
 
     # -- incremental API ------------------------------------------------------------------------
@@ -176,22 +180,42 @@ class Engine:
         return self.scheduler.has_work()
 
     def step(self) -> list[Output]:
-        """Run one scheduler step; returns the requests that finished in it."""
+        """Run one scheduler step; returns the requests that finished in it (or, with a
+        decode step run ahead, whose last token was taken in during it: `overlap`)."""
         t0 = time.perf_counter()
+        outputs, self._drained = self._drained, []
+        rows = len(self.overlap.pending.rows) if self.overlap.pending else 0
+        ahead = self.overlap.advance()
+        if ahead is not None:
+            outputs += [self._finish(s) for s in ahead]
+            self.last_step = StepStats(self.layout, 0, rows, time.perf_counter() - t0)
+            return outputs
+        outputs += [self._finish(s) for s in self.overlap.drain()]
         plan = self.scheduler.schedule()
-        outputs = [self._finish(s) for s in self.stepper.run(plan)]
+        outputs += [self._finish(s) for s in self.stepper.run(plan, self.overlap)]
         self.last_step = StepStats(
             self.layout, sum(c.length for c in plan.prefill), len(plan.decode),
             time.perf_counter() - t0,
         )  # fmt: skip
         return outputs
 
+    def settle(self) -> None:
+        """Take in the ids of a decode step run ahead (waiting for them), so every request's
+        state is whole; what finishes is returned by the next `step`. Every operation outside a
+        step settles first."""
+        self._drained += [self._finish(s) for s in self.overlap.drain()]
+
     def generated(self, request_id: str, start: int = 0) -> list[int]:
         """The ids an in-flight request generated from index `start` on (what is new)."""
         return self.requests.generated(request_id, start)[0]
 
     def abort(self, request_id: str) -> Output:
-        """Stop a request now and free its pages and slot."""
+        """Stop a request now and free its pages and slot (its output, if it had finished)."""
+        self.settle()
+        done = [o for o in self._drained if o.request_id == request_id]
+        if done:
+            self._drained.remove(done[0])
+            return done[0]
         seq = self.requests[request_id]
         seq.finish_reason = "abort"
         return self._finish(seq)
@@ -241,9 +265,11 @@ class Engine:
         return self.allocator.slots
 
     def check(self) -> None:
+        self.settle()
         self.caches.check()
 
     def flush_prefix_cache(self) -> dict[str, int]:
+        self.settle()
         return self.caches.flush()
 
     def warmup(self) -> None:
@@ -272,6 +298,7 @@ class Engine:
         """Checkpoint a request in flight (only with `quiesce`: it is paused at this step
         boundary, checkpointed and resumes) or a session, at `position` tokens (default: all of
         them). Returns the checkpoint's summary; refusals raise CheckpointError or KeyError."""
+        self.settle()
         return self.sessions.checkpoint(
             request_id, session_id, position, quiesce, self.requests.__getitem__
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,11 @@ from flipjax.runtime.buckets import pow2_bucket
 from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.paged import Scores
 from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
+
+if TYPE_CHECKING:
+    from flipjax.engine.overlap import Overlap
+
+SeqRows = list[Sequence] | list[Sequence | None]
 
 
 class Stepper:
@@ -41,7 +47,9 @@ class Stepper:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
 
-    def run(self, plan: StepPlan) -> list[Sequence]:
+    def run(self, plan: StepPlan, overlap: Overlap | None = None) -> list[Sequence]:
+        """Run `plan`; returns the requests that finished. With `overlap`, a steady decode
+        step leaves its sampled ids on device for `overlap` to take in."""
         finished: list[Sequence] = []
         for c in plan.prefill:
             seq = c.seq
@@ -76,15 +84,29 @@ class Stepper:
             for s in plan.decode:
                 s.num_computed += 1
                 self.reuse.publish(s, s.num_computed - 1)
-            finished += self.sample(logits, list(plan.decode))
+            if overlap is not None and overlap.launchable(plan):
+                overlap.launch(logits, plan.decode)  # its ids are taken in next step
+            else:
+                finished += self.sample(logits, list(plan.decode))
         return finished
 
     def sample(self, logits: jax.Array, seqs: list[Sequence]) -> list[Sequence]:
         """Draw one token per row of `seqs` and append it; returns the rows that finished."""
-        rows = [self._row(s) for s in seqs]
-        out: SamplerOutputs = self.runner.sample(logits, rows)
+        return self.accept(jax.device_get(self.launch(logits, seqs)), seqs)
+
+    def launch(self, logits: jax.Array, seqs: SeqRows) -> SamplerOutputs:
+        """Dispatch drawing one token per row of `seqs` (None: a row to skip); the outputs
+        stay on device."""
+        rows = [None if s is None else self._row(s) for s in seqs]
+        return self.runner.launch_sample(logits, rows)
+
+    def accept(self, out: SamplerOutputs, seqs: SeqRows) -> list[Sequence]:
+        """Append each row's drawn token (`out` on the host) to its request; returns the
+        requests that finished."""
         finished = []
         for i, seq in enumerate(seqs):
+            if seq is None:
+                continue
             n = seq.params.logprobs
             lp = None
             if n is not None:

@@ -41,6 +41,7 @@ Shape = tuple[int, int]  # (rows, tokens per row) of one step
 _programs: dict[tuple[Any, ...], Any] = {}
 _concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
 _concat_tokens = jax.jit(lambda parts: jnp.concatenate(parts, axis=1))
+_column = jax.jit(lambda tokens: tokens[:, None])  # a sampler's [B] ids as a step's [B, 1]
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -154,9 +155,7 @@ class Binding:
         for rows, cols in pieces:
             x: Any = tokens[rows, cols]
             for s in range(len(self.stages)):
-                step, write, in_place = self._stage_programs(
-                    s, (rb, tb), score if s == last else None
-                )
+                programs = self._stage_programs(s, (rb, tb), score if s == last else None)
                 host = [positions[rows, cols], table[rows], slots[rows]]
                 if score is not None and s == last:
                     host.append(targets[rows, cols])
@@ -167,15 +166,7 @@ class Binding:
                     x, *placed = placed
                 else:
                     x = reshard(x, self._inputs[s])  # the stage hand-off
-                pos, page_table, slot_ids, *extra = placed
-                x, kv, gdn = step(
-                    self._params[s], self._kv[s], self._gdn[s], x, pos, page_table, slot_ids,
-                    *extra,
-                )  # fmt: skip
-                self._kv[s] = kv
-                # In place, the step returned the updated pools and the rows' conv states.
-                pools, new_rows = gdn if in_place else (self._gdn[s], gdn)
-                self._gdn[s] = settle(write(pools, slot_ids, new_rows))
+                x = self._stage(s, programs, x, *placed)
             outs.append(jax.tree.map(lambda a: to_leader(a, self.sampler_device), x))
         if not multihost.current().leader:  # the others only take part in the programs
             return None
@@ -187,6 +178,42 @@ class Binding:
             return outs[-1]
         with self.compiles.watch():
             return _concat(outs)
+
+    def run_sampled(
+        self, tokens: jax.Array, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
+    ) -> jax.Array:
+        """A decode step fed by `tokens` [B], a sampler's output still on its device, so the
+        host need not wait for them before it dispatches this step; one stage only (a pipeline
+        cuts its steps on the host). Returns logits [B, vocab] on the sampler's device."""
+        if len(self.stages) != 1:
+            raise ValueError(f"run_sampled: one stage only, this placement has {len(self.stages)}")
+        b = tokens.shape[0]
+        programs = self._stage_programs(0, (b, 1))
+        with self.compiles.watch():
+            x = jax.device_put(_column(tokens), self._inputs[0])
+        placed = from_host((positions, table, slots), self._inputs[0])
+        return to_leader(self._stage(0, programs, x, *placed), self.sampler_device)
+
+    def warm_sampled(self, rows: int) -> None:
+        """Compile what `run_sampled` adds to a [rows, 1] step, changing nothing."""
+        with self.compiles.watch():
+            zeros = jnp.zeros((rows,), jnp.int32, device=self.sampler_device)
+            jax.block_until_ready(_column(zeros))
+
+    def _stage(
+        self, s: int, programs: tuple[Any, Any, bool], x: Any, pos: jax.Array,
+        page_table: jax.Array, slot_ids: jax.Array, *extra: jax.Array,
+    ) -> Any:  # fmt: skip
+        """Stage `s`'s step and slot write on placed inputs; its output (hidden or logits)."""
+        step, write, in_place = programs
+        x, kv, gdn = step(
+            self._params[s], self._kv[s], self._gdn[s], x, pos, page_table, slot_ids, *extra
+        )
+        self._kv[s] = kv
+        # In place, the step returned the updated pools and the rows' conv states.
+        pools, new_rows = gdn if in_place else (self._gdn[s], gdn)
+        self._gdn[s] = settle(write(pools, slot_ids, new_rows))
+        return x
 
     def programs(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, Any]:
         """Stage `stage`'s compiled (step, write) for `shape`."""

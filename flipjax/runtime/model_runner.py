@@ -114,28 +114,38 @@ class ModelRunner:
             if len(rows) != 1:
                 raise ValueError(f"prefill runs one request per call, got {len(rows)}")
             b, t = 1, pow2_bucket(len(rows[0].tokens), MIN_PREFILL_BUCKET)
-        tokens = np.zeros((b, t), np.int32)
-        positions = np.full((b, t), -1, np.int32)
-        page_table = np.zeros((b, self.table_width), np.int32)
-        slot_ids = np.full((b,), self.num_slots, np.int32)  # out of range: padding row
+        tokens, positions, page_table, slot_ids = self._inputs(rows, b, t)
         targets = np.full((b, t), -1, np.int32) if score is not None else None
         for i, r in enumerate(rows):
-            n = len(r.tokens)
-            tokens[i, :n] = r.tokens
-            positions[i, :n] = np.arange(r.start, r.start + n)
-            page_table[i, : len(r.pages)] = r.pages
-            slot_ids[i] = r.slot
+            tokens[i, : len(r.tokens)] = r.tokens
             if targets is not None and r.targets is not None:
                 targets[i, : len(r.targets)] = r.targets
         if score is not None:
             return self.binding.run(tokens, positions, page_table, slot_ids, targets, score)
         return self._run(tokens, positions, page_table, slot_ids)
 
+    def run_sampled(self, tokens: jax.Array, rows: list[Row]) -> jax.Array:
+        """A decode step of `rows` (their `tokens` unused) fed by `tokens`, the ids a
+        `launch_sample` drew for the same rows, before they reach the host: logits as `run`.
+        Single process, one stage (`overlaps`)."""
+        _, positions, page_table, slot_ids = self._inputs(rows, tokens.shape[0], 1)
+        return self.binding.run_sampled(tokens, positions, page_table, slot_ids)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether a decode step can be fed by the previous one's sampled ids on device: on
+        one process (the others could not see them) and one stage."""
+        return not multihost.current().multi and len(self.binding.stages) == 1
+
     def sample(self, logits: jax.Array, rows: list[SamplerRow | None]) -> SamplerOutputs:
+        return jax.device_get(self.launch_sample(logits, rows))
+
+    def launch_sample(self, logits: jax.Array, rows: list[SamplerRow | None]) -> SamplerOutputs:
+        """Dispatch sampling one token per row of `logits` (None: a padding row); the outputs
+        stay on device until fetched."""
         inputs, flags = build_inputs(rows, *logits.shape)
         with self.compiles.watch():
-            out = sample(logits, inputs, **flags)
-        return jax.device_get(out)
+            return sample(logits, inputs, **flags)
 
     @mirrored
     def warmup(self) -> None:
@@ -152,6 +162,8 @@ class ModelRunner:
                 np.zeros((b, self.table_width), np.int32),
                 np.full((b,), self.num_slots, np.int32),
             )
+            if t == 1 and self.overlaps:
+                self.binding.warm_sampled(b)
             if (t == 1 or b == 1) and multihost.current().leader:  # sampling: process 0 only
                 allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
                 for params in (SamplingParams.greedy(), SamplingParams(top_p=0.9)):
@@ -194,6 +206,22 @@ class ModelRunner:
         """Compile every program that moves pages and states, changing nothing."""
         with self.compiles.watch():
             self.state = cache_io.warm(self.state, self.table_width)
+
+    def _inputs(
+        self, rows: list[Row], b: int, t: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """[b, t] tokens (zeros, for the caller to fill), positions, page table and slots of
+        `rows`, padded to the bucket: position -1 and an out-of-range slot write nothing."""
+        tokens = np.zeros((b, t), np.int32)
+        positions = np.full((b, t), -1, np.int32)
+        page_table = np.zeros((b, self.table_width), np.int32)
+        slot_ids = np.full((b,), self.num_slots, np.int32)
+        for i, r in enumerate(rows):
+            n = max(len(r.tokens), 1)
+            positions[i, :n] = np.arange(r.start, r.start + n)
+            page_table[i, : len(r.pages)] = r.pages
+            slot_ids[i] = r.slot
+        return tokens, positions, page_table, slot_ids
 
     def _run(
         self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
