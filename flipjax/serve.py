@@ -85,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=32)
     p.add_argument("--max-prefill-tokens", type=int, default=2048)
     p.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="take each decode step's tokens in before dispatching the next (by default a "
+        "steady decode batch runs one step ahead of the host; the tokens are the same)",
+    )
+    p.add_argument(
         "--store-dir",
         default="~/.cache/flipjax/store",
         help="disk tier of the KV store ('none': host RAM only)",
@@ -193,6 +199,7 @@ def _engine_options(args: argparse.Namespace) -> dict[str, Any]:
         dtype=args.dtype, layout=args.layout, page_size=args.page_size, num_pages=args.num_pages,
         max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens, prefetch_wait_s=args.prefetch_wait_ms / 1e3,
+        overlap=not args.disable_overlap_schedule,
         flip_memory_headroom=None if args.flip_memory_headroom is None
         else int(args.flip_memory_headroom * 2**30),
     )  # fmt: skip

@@ -51,9 +51,7 @@ def outcome(engine: Engine, params: list[SamplingParams]) -> tuple[list[tuple], 
     the step after a row stops still runs at the old batch size, whose matmuls may round
     differently in the last bits, as any change of batch composition may)."""
     outs = engine.generate([prompt(i) for i in range(len(params))], sampling=params)
-    logprobs = [
-        [lp.logprob, *(v for _, v in lp.top)] for o in outs for lp in o.logprobs or []
-    ]
+    logprobs = [[lp.logprob, *(v for _, v in lp.top)] for o in outs for lp in o.logprobs or []]
     returned = [
         (o.token_ids, o.finish_reason, o.text, [[i for i, _ in lp.top] for lp in o.logprobs or []])
         for o in outs
@@ -88,7 +86,8 @@ def test_a_grammar_row_runs_ahead_with_the_same_tokens(engines):
     for overlap, engine in engines.items():
         ids = [
             engine.add_request(
-                "answer: ", SamplingParams(temperature=1.0, seed=s, max_tokens=12),
+                "answer: ",
+                SamplingParams(temperature=1.0, seed=s, max_tokens=12),
                 grammar=grammars.constraint(compiled),
             )  # fmt: skip
             for s in range(4)

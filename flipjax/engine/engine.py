@@ -10,13 +10,13 @@ from __future__ import annotations
 import secrets
 import time
 from collections import Counter
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from flipjax.engine.caches import Caches
+from flipjax.engine.checkpoint_api import CheckpointAPI
 from flipjax.engine.config import EngineConfig
 from flipjax.engine.loader import load, model_fingerprint
 from flipjax.engine.outputs import Output, StepStats, build_output, final_text
@@ -47,7 +47,7 @@ from store.prefix import PrefixStore
 __all__ = ["Engine", "Output", "StepStats"]
 
 
-class Engine:
+class Engine(CheckpointAPI):
     def __init__(
         self,
         model: Qwen3NextForCausalLM,
@@ -284,43 +284,3 @@ class Engine:
     @property
     def compile_count(self) -> int:
         return self.runner.compiles.count
-
-    # -- sessions and checkpoints ---------------------------------------------------------------
-
-    @property
-    def checkpoints(self) -> CheckpointBook | None:
-        return self.sessions.book_or_none
-
-    def checkpoint(
-        self, request_id: str | None = None, session_id: str | None = None,
-        position: int | None = None, quiesce: bool = False,
-    ) -> dict[str, Any]:  # fmt: skip
-        """Checkpoint a request in flight (only with `quiesce`: it is paused at this step
-        boundary, checkpointed and resumes) or a session, at `position` tokens (default: all of
-        them). Returns the checkpoint's summary; refusals raise CheckpointError or KeyError."""
-        self.settle()
-        return self.sessions.checkpoint(
-            request_id, session_id, position, quiesce, self.requests.__getitem__
-        )
-
-    def branch(
-        self, checkpoint_id: str, sampling: SamplingParams | None = None,
-        max_new_tokens: int = DEFAULT_MAX_TOKENS, request_id: str | None = None,
-        session_id: str | None = None, prompt: str | list[int] | None = None,
-    ) -> str:  # fmt: skip
-        """Queue a request that continues from a checkpoint exactly (its sampling and RNG state
-        unless `sampling` overrides them), or after it with a new turn `prompt`; its id."""
-        encode = self.requests.encode
-        seq = self.sessions.branch(checkpoint_id, sampling, session_id, prompt, encode)
-        return self.requests.enqueue(seq, seq.params, max_new_tokens, request_id)
-
-    def rewind(self, session_id: str, checkpoint_id: str) -> None:
-        """Make `session_id` continue from a checkpoint (creating the session if need be)."""
-        self.sessions.rewind(session_id, checkpoint_id)
-
-    def list_checkpoints(self) -> list[dict[str, Any]]:
-        return self.sessions.book.list()
-
-    def delete_checkpoint(self, checkpoint_id: str) -> None:
-        """Unpin what the checkpoint referenced; KeyError when unknown."""
-        self.sessions.book.delete(checkpoint_id)

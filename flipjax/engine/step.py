@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +26,15 @@ from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.paged import Scores
 from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
 
-if TYPE_CHECKING:
-    from flipjax.engine.overlap import Overlap
-
 SeqRows = list[Sequence] | list[Sequence | None]
+
+
+class RunsAhead(Protocol):
+    """Takes a steady decode step's sampling over (`flipjax.engine.overlap.Overlap`)."""
+
+    def launchable(self, plan: StepPlan) -> bool: ...
+
+    def launch(self, logits: jax.Array, seqs: list[Sequence]) -> None: ...
 
 
 class Stepper:
@@ -47,7 +52,7 @@ class Stepper:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
 
-    def run(self, plan: StepPlan, overlap: Overlap | None = None) -> list[Sequence]:
+    def run(self, plan: StepPlan, overlap: RunsAhead | None = None) -> list[Sequence]:
         """Run `plan`; returns the requests that finished. With `overlap`, a steady decode
         step leaves its sampled ids on device for `overlap` to take in."""
         finished: list[Sequence] = []

@@ -41,7 +41,6 @@ Shape = tuple[int, int]  # (rows, tokens per row) of one step
 _programs: dict[tuple[Any, ...], Any] = {}
 _concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
 _concat_tokens = jax.jit(lambda parts: jnp.concatenate(parts, axis=1))
-_column = jax.jit(lambda tokens: tokens[:, None])  # a sampler's [B] ids as a step's [B, 1]
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -182,23 +181,15 @@ class Binding:
     def run_sampled(
         self, tokens: jax.Array, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
     ) -> jax.Array:
-        """A decode step fed by `tokens` [B], a sampler's output still on its device, so the
+        """A decode step fed by `tokens` [B, 1], ids a sampler drew, still on device, so the
         host need not wait for them before it dispatches this step; one stage only (a pipeline
         cuts its steps on the host). Returns logits [B, vocab] on the sampler's device."""
         if len(self.stages) != 1:
             raise ValueError(f"run_sampled: one stage only, this placement has {len(self.stages)}")
-        b = tokens.shape[0]
-        programs = self._stage_programs(0, (b, 1))
-        with self.compiles.watch():
-            x = jax.device_put(_column(tokens), self._inputs[0])
+        programs = self._stage_programs(0, tokens.shape)
+        x = jax.device_put(tokens, self._inputs[0])
         placed = from_host((positions, table, slots), self._inputs[0])
         return to_leader(self._stage(0, programs, x, *placed), self.sampler_device)
-
-    def warm_sampled(self, rows: int) -> None:
-        """Compile what `run_sampled` adds to a [rows, 1] step, changing nothing."""
-        with self.compiles.watch():
-            zeros = jnp.zeros((rows,), jnp.int32, device=self.sampler_device)
-            jax.block_until_ready(_column(zeros))
 
     def _stage(
         self, s: int, programs: tuple[Any, Any, bool], x: Any, pos: jax.Array,

@@ -129,7 +129,9 @@ class ModelRunner:
         `launch_sample` drew for the same rows, before they reach the host: logits as `run`.
         Single process, one stage (`overlaps`)."""
         _, positions, page_table, slot_ids = self._inputs(rows, tokens.shape[0], 1)
-        return self.binding.run_sampled(tokens, positions, page_table, slot_ids)
+        with self.compiles.watch():
+            column = _column(tokens)
+        return self.binding.run_sampled(column, positions, page_table, slot_ids)
 
     @property
     def overlaps(self) -> bool:
@@ -163,7 +165,9 @@ class ModelRunner:
                 np.full((b,), self.num_slots, np.int32),
             )
             if t == 1 and self.overlaps:
-                self.binding.warm_sampled(b)
+                with self.compiles.watch():
+                    zeros = jnp.zeros((b,), jnp.int32, device=self.binding.sampler_device)
+                    jax.block_until_ready(_column(zeros))
             if (t == 1 or b == 1) and multihost.current().leader:  # sampling: process 0 only
                 allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
                 for params in (SamplingParams.greedy(), SamplingParams(top_p=0.9)):
@@ -227,6 +231,9 @@ class ModelRunner:
         self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
     ) -> jax.Array:
         return self.binding.run(tokens, positions, table, slots)
+
+
+_column = jax.jit(lambda tokens: tokens[:, None])  # a sampler's [B] ids as a step's [B, 1]
 
 
 def _pow2_range(lo: int, hi: int) -> list[int]:
