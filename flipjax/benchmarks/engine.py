@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="flipjax's prefill budget per step (default: every prompt of the "
                         "largest batch; with less, a batch's first rows decode while its later "
                         "prompts prefill, and the decode rate also times those steps)")  # fmt: skip
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="take each decode step's tokens in before the next (as `serve`)")  # fmt: skip
     args = p.parse_args(argv)
     try:
         import torch
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             max_prefill_tokens=args.max_prefill_tokens or max(batches) * args.prompt_len,
             max_model_len=args.prompt_len + args.decode_tokens + 16,
             num_pages=max(batches) * ((args.prompt_len + args.decode_tokens) // 16 + 2),
+            overlap=not args.disable_overlap_schedule,
         )  # fmt: skip
     t0 = time.perf_counter()
     engine.warmup()
