@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
                         "largest batch; with less, a batch's first rows decode while its later "
                         "prompts prefill, and the decode rate also times those steps)")  # fmt: skip
     p.add_argument("--disable-overlap-schedule", action="store_true",
-                   help="take each decode step's tokens in before the next (as `serve`)")  # fmt: skip
+                   help="take each step's tokens in before the next, as in serve")  # fmt: skip
     args = p.parse_args(argv)
     try:
         import torch
