@@ -21,7 +21,14 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import dense_native, gdn_native, gdn_reference, head_parallel, native
+from kernels_pallas import (
+    attention_native,
+    dense_native,
+    gdn_native,
+    gdn_reference,
+    head_parallel,
+    native,
+)
 from kernels_pallas.gdn import delta_rule_kernel
 from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
 
@@ -85,6 +92,9 @@ def paged_attention(
 ) -> jax.Array:
     """Attention of q [B, T, H, D] over paged K/V, by the current mode."""
     mode = current_mode()
+    native_decode = _native_decode_attention(q, k_pages) if mode == "native" else None
+    if native_decode is not None:
+        return native_decode(q, k_pages, v_pages, page_table, positions)
     if mode in REFERENCE_MODES:
         return paged_attention_reference(q, k_pages, v_pages, page_table, positions)
     b, t, h, _ = q.shape
@@ -103,6 +113,22 @@ def paged_attention(
     if mesh is not None:
         kernel = head_parallel.attention(kernel, mesh)
     return kernel(q, k_pages, v_pages, page_table, positions)
+
+
+def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., jax.Array] | None:
+    """The native kernel for one query token per row (`attention_native.decode`), per device
+    over its heads under `head_parallel.across`; None where the reference runs: prefill, other
+    page dtypes, or a mesh whose devices' query heads would span several KV heads (the
+    partitioner would gather the pages around the kernel)."""
+    if q.shape[1] != 1 or jnp.dtype(k_pages.dtype) not in attention_native.HANDLERS:
+        return None
+    mesh = head_parallel.current()
+    if mesh is None:
+        return attention_native.decode
+    width, h, hkv = mesh.size, q.shape[2], k_pages.shape[2]
+    if hkv % width and (h % width or (h // hkv) % (h // width)):
+        return None
+    return head_parallel.attention(attention_native.decode, mesh)
 
 
 def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:

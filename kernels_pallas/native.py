@@ -1,8 +1,9 @@
 """Native CPU kernels: C++ XLA FFI handlers built on first use and registered with XLA.
 
 XLA:CPU has no counterpart of a Pallas kernel, so where a step's XLA form makes many passes
-over memory a short C++ handler does the job in one: the GDN decode update, and the
-small-batch matmul, which XLA's GEMM libraries run with a packing pass over the weight. Each
+over memory a short C++ handler does the job in one: the GDN decode update, decode attention
+over paged K/V, and the small-batch matmul, which XLA's GEMM libraries run with a packing pass
+over the weight. Each
 source in `kernels_pallas/cpu/` is compiled with the machine's C++ compiler against the FFI
 headers jaxlib ships, for this CPU (`-march=native`), into a cache keyed by the source, the
 headers beside it, the flags, jaxlib's version and the CPU's features; concurrent builders
@@ -30,8 +31,9 @@ import jaxlib
 
 CACHE_ENV = "FLIPJAX_NATIVE_CACHE"
 SOURCES = Path(__file__).parent / "cpu"
-KERNELS = ("gdn_decode", "matmul", "matmul_bf16")
-SOURCE_OF = {"matmul_bf16": "matmul"}  # handlers that share another kernel's source
+KERNELS = ("gdn_decode", "matmul", "matmul_bf16", "paged_decode", "paged_decode_bf16")
+# handlers that share another kernel's source
+SOURCE_OF = {"matmul_bf16": "matmul", "paged_decode_bf16": "paged_decode"}
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
 
 log = logging.getLogger(__name__)

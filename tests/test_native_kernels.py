@@ -96,6 +96,7 @@ def xla_tokens() -> list[list[int]]:
         mp.setenv(dispatch.KERNELS_ENV, "reference")
         engine = Engine.from_pretrained("tiny", **OPTIONS)
         assert "flipjax_gdn_decode" not in _decode_program(engine)
+        assert "flipjax_paged_decode" not in _decode_program(engine)
         return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)]
 
 
@@ -110,12 +111,14 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert engine.runner.kernels == "native"
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
     assert "flipjax_gdn_decode" in _decode_program(engine)
+    assert "flipjax_paged_decode" in _decode_program(engine)  # per device over its heads
     # The matmul kernel only where a stage has one device: the partitioner cannot split it.
     assert ("flipjax_matmul" in _decode_program(engine)) == (layout == "single")
     if layout == "single":
         assert "flipjax_matmul" not in _decode_program(engine, rows=1)  # XLA's matvec
         prefill, _ = engine.runner.binding.programs(0, (1, 32))  # 32 rows: XLA's GEMM
         assert "flipjax_matmul" not in prefill.as_text()
+        assert "flipjax_paged_decode" not in prefill.as_text()
     _, _, in_place = engine.runner.binding._stage_programs(0, (4, 1))
     assert in_place  # the step updated the GDN pools itself
     if layout == "tp:2":

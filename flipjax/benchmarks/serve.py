@@ -41,6 +41,7 @@ def _start(args: argparse.Namespace, store_dir: str, log: Any) -> tuple[subproce
         sys.executable, "-m", "flipjax.serve", "--model", args.model, "--port", str(port),
         "--store-dir", store_dir, "--gdn-checkpoint-interval", "64",
         "--max-prefill-tokens", "512", "--log-level", "warning",
+        *(["--disable-overlap-schedule"] if args.disable_overlap_schedule else []),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--system-len", type=int, default=512, help="system prompt tokens (about)")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--long", type=int, default=2048, help="tokens of the TTFT prompt")
+    p.add_argument("--disable-overlap-schedule", action="store_true", help="passed to the server")
     args = p.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as folder, open(os.path.join(folder, "log"), "w") as log:

@@ -1,0 +1,44 @@
+"""Decode attention over paged K/V by the native CPU kernel (`cpu/paged_decode.cc`).
+
+XLA's form of the reference walks the page table in a loop of gathers, transposes and small
+dots; the kernel reads each row's keys and values once per KV head. It computes the reference's
+softmax in one pass instead of block by block, so results agree to rounding. This module
+imports nothing from flipjax.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels_pallas import native
+
+HANDLERS = {jnp.dtype(jnp.float32): "paged_decode", jnp.dtype(jnp.bfloat16): "paged_decode_bf16"}
+
+
+def decode(
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    page_table: jax.Array,
+    positions: jax.Array,
+) -> jax.Array:
+    """q [B, 1, H, D] attends to each row's cached positions 0..positions[:, 0] in k/v pages
+    [P, page_size, Hkv, D] (float32 or bfloat16) through page_table [B, W]; [B, 1, H, D] in
+    q's dtype. A row at position -1 is padding (its output is zero)."""
+    b, t, h, d = q.shape
+    if t != 1 or k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
+        raise ValueError(
+            f"paged decode: need q [B, 1, H, D] and k/v pages of one shape [P, S, Hkv, D], got "
+            f"{q.shape}, {k_pages.shape} and {v_pages.shape}"
+        )
+    dtype = jnp.dtype(k_pages.dtype)
+    if dtype not in HANDLERS or v_pages.dtype != dtype:
+        raise ValueError(f"paged decode: pages must be one of {sorted(map(str, HANDLERS))}")
+    out = jax.ffi.ffi_call(
+        native.target(HANDLERS[dtype]), jax.ShapeDtypeStruct((b, h, d), jnp.float32)
+    )(
+        q[:, 0].astype(jnp.float32), k_pages, v_pages, page_table.astype(jnp.int32),
+        positions[:, 0].astype(jnp.int32),
+    )  # fmt: skip
+    return out[:, None].astype(q.dtype)
