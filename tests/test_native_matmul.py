@@ -83,9 +83,9 @@ def test_it_is_offered_for_fp32_decode_rows_on_one_device_only():
     assert dispatch.matmul(8, 768, f32) is None  # outside a placed program: unknown devices
     with dispatch.kernels("native"), head_parallel.across(one):
         assert dispatch.matmul(8, 768, f32).func is dense_native.matmul
-        assert dispatch.matmul(2, 128, f32) is not None and dispatch.matmul(16, 128, f32)
+        assert dispatch.matmul(2, 128, f32) is not None and dispatch.matmul(32, 128, f32)
         assert dispatch.matmul(1, 768, f32) is None  # XLA's matvec streams at full speed
-        assert dispatch.matmul(17, 768, f32) is None  # the GEMM's packing pays from here
+        assert dispatch.matmul(33, 768, f32) is None  # the GEMM's packing pays from here
         assert dispatch.matmul(8, 127, f32) is None
         bf16 = jnp.bfloat16
         assert dispatch.matmul(1, 768, bf16) is not None and dispatch.matmul(4, 768, bf16)
