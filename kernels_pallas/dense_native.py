@@ -1,6 +1,6 @@
 """A decode step's few rows times a weight, by the native CPU kernel (`cpu/matmul.cc`).
 
-XLA:CPU's GEMM libraries pack the weight before multiplying, which at 2 to 16 rows costs more
+XLA:CPU's GEMM libraries pack the weight before multiplying, which at 2 to 32 rows costs more
 than the multiply: the kernel instead streams the `[in, out]` weight once, in panels that stay
 in L1 while every row is multiplied into them (see the source for the measurements). A bf16
 weight is widened as it is read, so it streams half the bytes. Each output is summed over `in`

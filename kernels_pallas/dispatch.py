@@ -39,12 +39,13 @@ REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no 
 # A GPU has ~100+ SMs; split long contexts until there are about this many programs.
 _TARGET_PROGRAMS = 128
 # Where the native matmul beat XLA's dot (`python -m flipjax.bench matmul [--dtype]`), by the
-# weight's dtype, over at least 128 columns: fp32 at 2 to 32 rows (one row is XLA's matvec,
-# which streams the weight at full speed; at 64 rows the two are even, and whole bench-model
-# steps at 32 rows took 0.83x the time with the kernel); bf16 at 1 to 4 (XLA has no fast bf16
-# matvec; at 8 rows whole bench-model steps were slower with the kernel, on a CPU whose bf16
-# dot-product instructions XLA's GEMM uses).
-NATIVE_MATMUL_ROWS = {jnp.dtype(jnp.float32): range(2, 33), jnp.dtype(jnp.bfloat16): range(1, 5)}
+# weight's dtype, over at least 128 columns, confirmed by whole bench-model decode steps (two
+# engines stepping in turn in one process): fp32 at 2 to 32 rows (one row is XLA's matvec,
+# which streams the weight at full speed; at 64 rows the two are even; batch-32 steps took
+# 0.83x the time with the kernel); bf16 at 1 to 8 (XLA has no fast bf16 matvec; batch-8 steps
+# took 0.71x; at 16 rows, 0.97x, and from 32 XLA's GEMM with this CPU's bf16 dot-product
+# instructions wins).
+NATIVE_MATMUL_ROWS = {jnp.dtype(jnp.float32): range(2, 33), jnp.dtype(jnp.bfloat16): range(1, 9)}
 NATIVE_MATMUL_MIN_COLUMNS = 128
 
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(

@@ -88,8 +88,8 @@ def test_it_is_offered_for_fp32_decode_rows_on_one_device_only():
         assert dispatch.matmul(33, 768, f32) is None  # the GEMM's packing pays from here
         assert dispatch.matmul(8, 127, f32) is None
         bf16 = jnp.bfloat16
-        assert dispatch.matmul(1, 768, bf16) is not None and dispatch.matmul(4, 768, bf16)
-        assert dispatch.matmul(5, 768, bf16) is None  # XLA's bf16 GEMM from here
+        assert dispatch.matmul(1, 768, bf16) is not None and dispatch.matmul(8, 768, bf16)
+        assert dispatch.matmul(9, 768, bf16) is None  # XLA's bf16 GEMM from here
         assert dispatch.matmul(4, 768, jnp.float16) is None
     with dispatch.kernels("native"), head_parallel.across(two):
         assert dispatch.matmul(8, 768, f32) is None  # would gather a sharded weight
