@@ -17,9 +17,9 @@ from flipjax.runtime.grammar import GrammarCompiler
 from tests.pool_checks import assert_pools_returned
 
 
-def make(overlap: bool, **options: int) -> Engine:
+def make(overlap: bool) -> Engine:
     engine = Engine.from_pretrained(
-        "tiny", overlap=overlap, max_running_requests=8, max_prefill_tokens=256, **options
+        "tiny", overlap=overlap, max_running_requests=8, max_prefill_tokens=256
     )
     engine.warmup()
     return engine
@@ -143,8 +143,8 @@ def test_a_request_that_finished_in_flight_is_returned_once(engines):
     assert_pools_returned(engine)
 
 
-def test_a_flip_mid_batch_continues_exactly(engines):
-    engine = make(True, num_pages=256)
+def test_a_flip_mid_batch_continues_exactly(engines):  # the module's last: it moves the engine
+    engine = engines[True]
     params = [SamplingParams(temperature=0.8, seed=s, max_tokens=20) for s in range(3)]
     reference = engines[False].generate([prompt(i) for i in range(3)], sampling=params)
     ids = [engine.add_request(prompt(i), p) for i, p in enumerate(params)]
