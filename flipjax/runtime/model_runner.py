@@ -221,7 +221,7 @@ class ModelRunner:
         page_table = np.zeros((b, self.table_width), np.int32)
         slot_ids = np.full((b,), self.num_slots, np.int32)
         for i, r in enumerate(rows):
-            n = max(len(r.tokens), 1)
+            n = max(len(r.tokens), 1)  # a `run_sampled` row has no ids yet: its one position
             positions[i, :n] = np.arange(r.start, r.start + n)
             page_table[i, : len(r.pages)] = r.pages
             slot_ids[i] = r.slot
