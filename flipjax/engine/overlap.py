@@ -75,9 +75,9 @@ class Overlap:
         None, having run nothing, when the batch is not steady or a row's next page is not
         free (then `drain` and schedule)."""
         p = self.pending
-        if p is None or None in p.rows or not self._steady(p.rows):
+        if p is None or not self._steady(p.rows):
             return None
-        seqs: list[Sequence] = list(p.rows)  # type: ignore[arg-type]  # checked above
+        seqs: list[Sequence] = list(p.rows)  # type: ignore[arg-type]  # `_steady`: no None
         for s in seqs:  # each feeds its pending id at position num_computed
             if not self.scheduler.reserve(s, s.num_computed + 1):
                 return None

@@ -105,8 +105,12 @@ void Attend(const Shape& s, const float* q, const T* k, const T* v, const int32_
 
 template <typename T>
 ffi::Error Decode(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32>& q, const T* k, const T* v,
-                  ffi::Span<const int64_t> kd, ffi::Buffer<ffi::S32>& table,
-                  ffi::Buffer<ffi::S32>& positions, ffi::ResultBuffer<ffi::F32>& out) {
+                  ffi::Span<const int64_t> kd, ffi::Span<const int64_t> vd,
+                  ffi::Buffer<ffi::S32>& table, ffi::Buffer<ffi::S32>& positions,
+                  ffi::ResultBuffer<ffi::F32>& out) {
+  if (!SameShape(kd, vd)) {
+    return ffi::Error::InvalidArgument("paged decode: K and V pages differ in shape");
+  }
   const auto qd = q.dimensions(), td = table.dimensions();
   if (qd.size() != 3 || kd.size() != 4 || td.size() != 2 || positions.dimensions().size() != 1 ||
       td[0] != qd[0] || positions.dimensions()[0] != qd[0] || kd[3] != qd[2] || kd[2] == 0 ||
@@ -154,23 +158,17 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q,
                            ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                            ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::S32> positions,
                            ffi::ResultBuffer<ffi::F32> out) {
-  if (!SameShape(k.dimensions(), v.dimensions())) {
-    return ffi::Error::InvalidArgument("paged decode: K and V pages differ in shape");
-  }
-  return Decode(threads, q, k.typed_data(), v.typed_data(), k.dimensions(), table, positions,
-                out);
+  return Decode(threads, q, k.typed_data(), v.typed_data(), k.dimensions(), v.dimensions(), table,
+                positions, out);
 }
 
 ffi::Error PagedDecodeBf16Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q,
                                ffi::Buffer<ffi::BF16> k, ffi::Buffer<ffi::BF16> v,
                                ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::S32> positions,
                                ffi::ResultBuffer<ffi::F32> out) {
-  if (!SameShape(k.dimensions(), v.dimensions())) {
-    return ffi::Error::InvalidArgument("paged decode: K and V pages differ in shape");
-  }
   const auto* kb = reinterpret_cast<const uint16_t*>(k.untyped_data());
   const auto* vb = reinterpret_cast<const uint16_t*>(v.untyped_data());
-  return Decode(threads, q, kb, vb, k.dimensions(), table, positions, out);
+  return Decode(threads, q, kb, vb, k.dimensions(), v.dimensions(), table, positions, out);
 }
 
 }  // namespace
