@@ -18,9 +18,10 @@ from kernels_pallas import native
 HANDLERS = {jnp.dtype(jnp.float32): "matmul", jnp.dtype(jnp.bfloat16): "matmul_bf16"}
 
 
-def targets() -> dict[jnp.dtype, str]:
-    """The FFI target for each weight dtype, built and registered on first use."""
-    return {dtype: native.target(name) for dtype, name in HANDLERS.items()}
+def targets(isa: str = "native") -> dict[jnp.dtype, str]:
+    """The FFI target for each weight dtype, built for `isa` (see `native.ISAS`) and registered
+    on first use."""
+    return {dtype: native.target(name, isa) for dtype, name in HANDLERS.items()}
 
 
 def matmul(targets: dict[jnp.dtype, str], x: jax.Array, w: jax.Array) -> jax.Array:

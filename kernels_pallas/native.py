@@ -5,7 +5,8 @@ over memory a short C++ handler does the job in one: the GDN decode update, deco
 over paged K/V, and the small-batch matmul, which XLA's GEMM libraries run with a packing pass
 over the weight. Each
 source in `kernels_pallas/cpu/` is compiled with the machine's C++ compiler against the FFI
-headers jaxlib ships, for this CPU (`-march=native`), into a cache keyed by the source, the
+headers jaxlib ships, for this CPU (`-march=native`, or another instruction set `ISAS` names,
+so that one machine can test the code paths of others), into a cache keyed by the source, the
 headers beside it, the flags, jaxlib's version and the CPU's features; concurrent builders
 each write a temporary file and rename it into place, so a reader never loads half a library.
 Where they cannot be built (no compiler), `available()` says so and logs why once, and
@@ -34,7 +35,24 @@ SOURCES = Path(__file__).parent / "cpu"
 KERNELS = ("gdn_decode", "matmul", "matmul_bf16", "paged_decode", "paged_decode_bf16")
 # handlers that share another kernel's source
 SOURCE_OF = {"matmul_bf16": "matmul", "paged_decode_bf16": "paged_decode"}
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC")
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
+# What a kernel is compiled for. A CPU's own (`native`) is the default; the others build the
+# code paths of other x86-64 machines here (each runs where the CPU has its features): SSE
+# only, no FMA (v2); AVX2 and FMA under the tuning of AMD's Zen, whose compiler heuristics
+# avoid FMA chains in loops (v3); AVX-512 (v4).
+ISAS: dict[str, tuple[str, ...]] = {
+    "native": ("-march=native",),
+    "x86-64-v2": ("-march=x86-64-v2",),
+    "x86-64-v3": ("-march=x86-64-v3", "-mtune=znver2"),
+    "x86-64-v4": ("-march=x86-64-v4",),
+}
+# The /proc/cpuinfo flags an instruction set needs to run.
+ISA_NEEDS = {
+    "native": (),
+    "x86-64-v2": ("sse4_2", "popcnt"),
+    "x86-64-v3": ("avx2", "fma", "bmi2", "f16c", "movbe"),
+    "x86-64-v4": ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"),
+}
 
 log = logging.getLogger(__name__)
 
@@ -52,27 +70,32 @@ def available() -> bool:
 
 
 @functools.cache
-def target(name: str) -> str:
-    """The FFI target `flipjax_<name>` (handler `Flipjax<Name>`), built from `cpu/<name>.cc`
-    (or the source `SOURCE_OF` names) and registered on first use."""
-    library = ctypes.cdll.LoadLibrary(str(build(SOURCE_OF.get(name, name))))
+def target(name: str, isa: str = "native") -> str:
+    """The FFI target `flipjax_<name>` (handler `Flipjax<Name>`; `flipjax_<name>_<isa>` for
+    another instruction set than the CPU's own), built from `cpu/<name>.cc` (or the source
+    `SOURCE_OF` names) and registered on first use."""
+    library = ctypes.cdll.LoadLibrary(str(build(SOURCE_OF.get(name, name), isa)))
     symbol = "Flipjax" + "".join(part.title() for part in name.split("_"))
-    ffi_name = f"flipjax_{name}"
+    ffi_name = f"flipjax_{name}" if isa == "native" else f"flipjax_{name}_{isa.replace('-', '_')}"
     jax.ffi.register_ffi_target(
         ffi_name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu"
     )
     return ffi_name
 
 
-def build(name: str) -> Path:
-    """Compile `cpu/<name>.cc` (once per source, flags, jaxlib and CPU); the library's path."""
+def build(name: str, isa: str = "native") -> Path:
+    """Compile `cpu/<name>.cc` for the instruction set `isa` (once per source, flags, jaxlib
+    and CPU); the library's path."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown instruction set {isa!r}: one of {sorted(ISAS)}")
+    flags = (*FLAGS, *ISAS[isa])
     source = SOURCES / f"{name}.cc"
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
     headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # shared by the sources
-    facts = (" ".join(FLAGS), jaxlib.__version__, compiler, _cpu_features())
+    facts = (" ".join(flags), jaxlib.__version__, compiler, _cpu_features())
     for part in (source.read_bytes(), *headers, *(f.encode() for f in facts)):
         key.update(part)
     folder = _cache_folder()
@@ -84,7 +107,7 @@ def build(name: str) -> Path:
     os.close(fd)
     try:
         command = [
-            compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), "-I", str(SOURCES), str(source),
+            compiler, *flags, "-isystem", jax.ffi.include_dir(), "-I", str(SOURCES), str(source),
             "-o", partial,
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True)
@@ -98,6 +121,15 @@ def build(name: str) -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return library
+
+
+def runs_here(isa: str) -> bool:
+    """Whether this CPU has the features code built for `isa` needs."""
+    flags = set()
+    for line in _cpu_features().splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    return all(need in flags for need in ISA_NEEDS[isa])
 
 
 def _cache_folder() -> Path:

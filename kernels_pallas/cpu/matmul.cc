@@ -9,7 +9,11 @@
 // multiplied into it, with the group's accumulators held in registers.
 //
 // Every output is the sum over k in order 0..K-1 of fused multiply-adds, however many rows x
-// has and wherever a row sits, so a row's result does not depend on its batch.
+// has and wherever a row sits, so a row's result does not depend on its batch. The FMAs are
+// written out, not left to the compiler: under AMD Zen tuning (`-march=native` there) GCC
+// splits some loops' FMA chains into a multiply and an add and leaves others fused, so rows
+// in groups of different sizes were rounded differently. Without FMA (x86-64 before AVX2)
+// every step is a multiply and an add, which the compiler has no instruction to fuse.
 //
 // Two handlers: FlipjaxMatmul takes x f32[M, K] and w f32[K, N]; FlipjaxMatmulBf16 takes w
 // bf16[K, N], widened to fp32 as it is read (exactly: a bf16 is the top half of an fp32), so
@@ -19,6 +23,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+
+#if defined(__FMA__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -63,6 +71,17 @@ inline Vec Load(const Bf16* p) {
   return v;
 }
 
+// acc + s * w, rounded once where the CPU has FMA, wherever the compiler would put it.
+inline Vec MultiplyAdd(float s, Vec w, Vec acc) {
+#if defined(__AVX512F__)
+  return _mm512_fmadd_ps(_mm512_set1_ps(s), w, acc);
+#elif defined(__FMA__)
+  return _mm256_fmadd_ps(_mm256_set1_ps(s), w, acc);
+#else
+  return acc + s * w;
+#endif
+}
+
 // The first `width` lanes from p, zeros after them.
 template <typename W>
 inline Vec LoadPart(const W* p, int width) {
@@ -104,7 +123,7 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
     }
     for (int r = 0; r < R; ++r) {
       const float s = x[r * k + i];
-      for (int v = 0; v < V; ++v) acc[r][v] += s * wv[v];
+      for (int v = 0; v < V; ++v) acc[r][v] = MultiplyAdd(s, wv[v], acc[r][v]);
     }
   }
   for (int r = 0; r < R; ++r) {
