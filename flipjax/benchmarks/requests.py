@@ -18,7 +18,6 @@ import time
 
 import jax.numpy as jnp
 import numpy as np
-import xgrammar as xgr
 from flax import nnx
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG
@@ -27,7 +26,7 @@ from flipjax.engine.engine import Engine
 from flipjax.model.config import ModelConfig
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import ByteTokenizer
-from flipjax.runtime.grammar import GrammarCompiler
+from flipjax.runtime.grammar import GrammarCompiler, xgr
 from flipjax.runtime.sampler import bitmask_words
 from flipjax.runtime.sampling import SamplingParams
 

@@ -21,11 +21,16 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 import numpy as np
-import xgrammar as xgr
 from transformers import PreTrainedTokenizerFast
 
 from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer, Tokenizer
+from flipjax.runtime.fault_handlers import fatal_signal_handlers_kept
 from flipjax.runtime.sampler import bitmask_words
+
+# The one place flipjax loads xgrammar (`xgr` is imported from here), so that a fault in the
+# process still ends it with a report instead of a hang (see `fault_handlers`).
+with fatal_signal_handlers_kept():
+    import xgrammar as xgr
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 # A string character in xgrammar's EBNF for minLength/maxLength strings, and in its own
