@@ -7,7 +7,7 @@ PORT ?= 8000
 MODEL ?= tiny
 PYTEST_ARGS ?=
 
-.PHONY: serve test lint install install-test redis-server cxx
+.PHONY: serve test test-repeat lint install install-test redis-server cxx
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ test: $(VENV)/.installed-test redis-server cxx
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
+
+# The suite N times in a fresh clone of HEAD, with pass/fail and wall time for each run.
+N ?= 10
+test-repeat:
+	bash .ci/test-repeat $(N)
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check .

@@ -1,12 +1,15 @@
-"""Test session setup: 8 virtual CPU devices, fp32 matmuls, one compilation cache, shared fixtures.
+"""Test session setup: 8 virtual CPU devices, fp32 matmuls, no persistent compilation cache.
 
 XLA_FLAGS must be set before jax is first imported, which is why it happens at module import.
+
+The suite once shared one persistent compilation cache among its workers and the servers they
+start. Each cache write serializes the program, and a serialization that failed threw a C++
+exception whose unwinding faulted, which hung a worker (see `test_fault_handlers.py`). Without
+the cache the suite took no longer (see the README's Tests section), so no process here writes
+one; `test_compile_counter.py` checks the cache's accounting in a process of its own.
 """
 
-import atexit
 import os
-import shutil
-import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
@@ -16,17 +19,8 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-# Many tests, their pytest workers and the servers and processes they start compile the same
-# tiny-model programs. One persistent cache for the run compiles each once (-14% on the suite);
-# a cache load still counts as a compilation for the engines' counters. The first process to get
-# here (pytest's controller) makes the folder and removes it at exit; the rest inherit it.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _cache = tempfile.mkdtemp(prefix="flipjax-test-xla-cache-")
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+# A cache named by the caller's environment would reach every server a test starts.
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # noqa: E402
 

@@ -12,7 +12,7 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from flipjax import Engine, SamplingParams
-from tests.test_serve import SMALL, start_server
+from tests.servers import SMALL, start_server, stop_server
 
 ROWS = [
     {"question": "Q: 2 + 2 =", "choices": [" 4", " 5", " 22"], "answer": 0},
@@ -65,8 +65,7 @@ def test_lm_eval_scores_a_multiple_choice_task(task_dir, tmp_path):
             log_samples=True,
         )  # fmt: skip
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
     engine = Engine.from_pretrained("tiny", max_running_requests=4, max_prefill_tokens=64)
     samples = results["samples"]["flipjax_mc"]
     assert len(samples) == len(ROWS)

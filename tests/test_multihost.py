@@ -27,8 +27,8 @@ from flipjax.model.config import ModelConfig
 from store.keys import files_fingerprint
 from store.open import open_store
 from tests.hf_oracle import make_checkpoint
+from tests.servers import ROOT, free_port, wait_healthy
 from tests.test_openai_checkpoint import byte_tokenizer
-from tests.test_serve import ROOT, _free_port, wait_healthy
 
 HEARTBEAT_S = 3  # the served cluster's, so that a lost process is noticed quickly
 START_HEARTBEAT_S = 10  # the rest: a loaded machine must not make a process look lost
@@ -58,7 +58,7 @@ def launch(log_dir, checkpoint: str, *flags: str, per_process=None,
            command=("flipjax.serve", "--model"),
            heartbeat_s: int = START_HEARTBEAT_S) -> list[subprocess.Popen]:  # fmt: skip
     """Two processes of one cluster, each with two CPU devices; `per_process(i)` adds flags."""
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
     procs = []
@@ -109,7 +109,7 @@ def cluster(checkpoint, tmp_path_factory):
     bridge.store.flush()
     bridge.store.close()
     del single
-    port = _free_port()
+    port = free_port()
     procs = launch(logs, checkpoint, "--layout", "tp:4", "--port", str(port), "--store-dir",
                    str(logs / "store"), *FLAGS, heartbeat_s=HEARTBEAT_S)  # fmt: skip
     base = f"http://127.0.0.1:{port}"

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from flipjax import Engine, SamplingParams
-from tests.test_serve import SMALL, metric, start_server
+from tests.servers import SMALL, metric, start_server, stop_server
 
 PROMPT = "The quick brown fox"
 PERSON = {
@@ -47,13 +47,12 @@ def server(tmp_path_factory):
         try:
             yield base
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from tests.hf_oracle import make_checkpoint
-from tests.test_serve import SMALL, start_server
+from tests.servers import SMALL, start_server, stop_server
 
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -51,10 +51,9 @@ def client(checkpoint, tmp_path_factory):
             "--store-dir", "none", *SMALL,
         )  # fmt: skip
         try:
-            yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+            yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120, max_retries=0)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc)
 
 
 def transformers_logprobs(model, ids: list[int]) -> list[float]:

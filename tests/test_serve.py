@@ -7,10 +7,6 @@ engine.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,52 +15,7 @@ import openai
 import pytest
 
 from flipjax import Engine, SamplingParams
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# Fewer step shapes to compile (decode up to 16 rows, prefill chunks up to 64 tokens).
-SMALL = ("--max-running-requests", "16", "--max-prefill-tokens", "64", "--no-warmup")
-
-
-def start_server(log, *flags: str) -> tuple[subprocess.Popen, str]:
-    """A server subprocess on a free loopback port, logging to `log` (a file, never a pipe
-    nobody reads, which would block the server once full), healthy when this returns."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flipjax.serve", "--port", str(port), *flags],
-        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, base, log.name)
-    except BaseException:
-        proc.kill()
-        raise
-    return proc, base
-
-
-def wait_healthy(proc: subprocess.Popen, base: str, log_path: str) -> None:
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            with open(log_path) as f:
-                raise RuntimeError(f"server exited early:\n{f.read()}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("server did not become healthy in 180 s")
-        time.sleep(0.5)
+from tests.servers import SMALL, metric, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +30,12 @@ def server(tmp_path_factory):
         try:
             yield base
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused")
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=120, max_retries=0)
 
 
 def test_models_lists_tiny_as_untrained(client):
@@ -198,15 +148,6 @@ def test_phase_flip_refuses_a_layout_the_model_cannot_take(server):
     assert httpx.get(f"{server}/phase", timeout=30).json() == before
 
 
-def metric(server: str, name: str) -> float:
-    """The value of one sample line in /metrics (0 if absent)."""
-    text = httpx.get(f"{server}/metrics", timeout=30).text
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_chat_completions_render_the_template(client):
     from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 
@@ -282,6 +223,5 @@ def test_keys_guard_the_routes(tmp_path):
         r = httpx.get(f"{base}/phase", headers=admin, timeout=30)
         assert r.status_code == 200 and r.json()["layout"] == "single"
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
 

@@ -12,7 +12,7 @@ import pytest
 
 from flipjax import Engine
 from flipjax.serve import parse_args
-from tests.test_serve import SMALL, metric, start_server
+from tests.servers import SMALL, metric, start_server, stop_server
 
 
 def test_auto_phase_policy_needs_one_decode_layout(capsys):
@@ -35,7 +35,7 @@ def test_a_burst_into_a_small_pool_under_the_auto_policy(tmp_path):
             rates = policy["throughput"][layout]
             assert rates["prefill_tps"] > 0 and rates["decode_tps"] > 0, layout
 
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120, max_retries=0)
         results: dict[int, str] = {}
 
         def run(i: int) -> None:
@@ -71,5 +71,4 @@ def test_a_burst_into_a_small_pool_under_the_auto_policy(tmp_path):
         assert policy["last_decision"]["terms"].startswith("dwell")
         assert policy["flip_cost_provenance"] == "both measured"
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)

@@ -10,7 +10,7 @@ import time
 import httpx
 
 from tests.redis_server import RedisServer
-from tests.test_serve import SMALL, metric, start_server
+from tests.servers import SMALL, metric, start_server, stop_server
 from tests.test_serve_store import PROMPT
 
 GRID = ("--gdn-checkpoint-interval", "32")
@@ -108,6 +108,5 @@ def test_two_servers_in_different_layouts_share_one_redis_through_an_outage(tmp_
         assert store_event(b_base, "corrupt") >= 1 and remote_hits(b_base) == hits_before
     finally:
         for proc in (a, b):
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc)
         redis.kill()

@@ -11,7 +11,7 @@ import httpx
 import openai
 
 from flipjax import Engine, SamplingParams
-from tests.test_serve import SMALL, start_server
+from tests.servers import SMALL, start_server, stop_server
 
 PROMPT = "".join(chr(97 + (i * 5) % 26) for i in range(50))  # 50 tokens
 N, K = 20, 9  # straight-through tokens; tokens before the checkpoint
@@ -36,7 +36,7 @@ def test_checkpoint_restart_branch_rewind(tmp_path):
     with open(tmp_path / "a.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120, max_retries=0)
         turn = client.completions.create(
             model="tiny", prompt=PROMPT, max_tokens=K, temperature=0.9, seed=3,
             extra_body={"session_id": "s", "top_k": 40},
@@ -58,8 +58,7 @@ def test_checkpoint_restart_branch_rewind(tmp_path):
         r = post(base, "/session_branch", {"checkpoint_id": "0" * 32})
         assert r.status_code == 404 and r.json()["error"]["param"] == "checkpoint_id"
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
 
     # A foreign model's manifest in the folder is left unused, never parsed into a checkpoint.
     folder = next((tmp_path / "store").glob("*/manifests"))
@@ -106,6 +105,5 @@ def test_checkpoint_restart_branch_rewind(tmp_path):
         assert httpx.delete(f"{base}/session_checkpoint/{cid}", timeout=30).status_code == 404
         assert httpx.get(f"{base}/session_checkpoints", timeout=30).json()["data"] == []
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
     assert os.path.exists(folder / f"{'f' * 32}.json"), "an unreadable manifest stays in place"

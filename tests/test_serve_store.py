@@ -10,7 +10,7 @@ import logging
 import httpx
 
 from serve.metrics import TIERS
-from tests.test_serve import SMALL, metric, start_server
+from tests.servers import SMALL, metric, start_server, stop_server
 
 PROMPT = "".join(chr(97 + (i * 7) % 26) for i in range(90))  # 90 tokens: two 32-token grids
 
@@ -47,8 +47,7 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
             assert warm["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
             assert hits(base)[tier] == 1, tier
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
 
     with open(tmp_path / "b.txt", "w") as log:
         proc, base = start_server(log, *flags)
@@ -91,8 +90,7 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
         r = httpx.put(route, json={"disk_gb": -1}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "disk_gb"
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
 
 
 def test_store_flags_reach_the_tiers(tmp_path):

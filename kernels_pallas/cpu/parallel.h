@@ -3,12 +3,18 @@
 // XLA's `ffi::ThreadPool` offers `Schedule` but no parallel-for. Work is claimed in chunks from
 // an atomic counter by the calling thread and by pool tasks, so a thread that starts late (or
 // runs slower on a shared machine) takes fewer chunks instead of holding the others up.
+//
+// The caller waits for the chunks other threads hold by blocking, after a few yields, never
+// by spinning: on a machine with fewer cores than busy threads (two cores under eight virtual
+// devices) a spinning waiter takes the time of the very threads it waits for.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -26,6 +32,8 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t items, int64_t chunks_per_t
     Body body;
     int64_t items, chunk;
     std::atomic<int64_t> next{0}, done{0};
+    std::mutex mutex;
+    std::condition_variable finished;
     State(Body b, int64_t n, int64_t c) : body(std::move(b)), items(n), chunk(c) {}
     void Drain() {
       for (;;) {
@@ -33,8 +41,20 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t items, int64_t chunks_per_t
         if (first >= items) return;
         const int64_t last = std::min(first + chunk, items);
         body(first, last);
-        done.fetch_add(last - first);
+        if (done.fetch_add(last - first) + (last - first) == items) {
+          // Taking the lock orders this notify after a waiter's check of `done`.
+          std::lock_guard<std::mutex> lock(mutex);
+          finished.notify_all();
+        }
       }
+    }
+    void Wait() {
+      for (int spins = 0; spins < 16; ++spins) {
+        if (done.load() >= items) return;
+        std::this_thread::yield();
+      }
+      std::unique_lock<std::mutex> lock(mutex);
+      finished.wait(lock, [this] { return done.load() >= items; });
     }
   };
   if (items <= 0) return;
@@ -47,7 +67,7 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t items, int64_t chunks_per_t
   state->Drain();
   // A task scheduled behind busy threads may start after the work is gone; it then returns at
   // once, holding its own reference to the state, so only claimed chunks are waited for here.
-  while (state->done.load() < items) std::this_thread::yield();
+  state->Wait();
 }
 
 }  // namespace flipjax
