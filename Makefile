@@ -6,6 +6,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= tiny
 PYTEST_ARGS ?=
+# The whole pytest run's bound: a run stuck past every per-test timeout still ends, and fails.
+TEST_RUN_LIMIT_S ?= 1800
 
 .PHONY: serve test test-repeat lint install install-test redis-server cxx
 
@@ -47,7 +49,8 @@ serve: $(VENV)/.installed cxx
 test: $(VENV)/.installed-test redis-server cxx
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
+	timeout -k 30 $(TEST_RUN_LIMIT_S) $(PY) -m pytest -q -n auto --dist loadfile --durations=15 \
+	  $(PYTEST_ARGS)
 
 # The suite N times in a fresh clone of HEAD, with pass/fail and wall time for each run.
 N ?= 10

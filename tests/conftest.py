@@ -10,6 +10,12 @@ one; `test_compile_counter.py` checks the cache's accounting in a process of its
 """
 
 import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
@@ -25,3 +31,61 @@ os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+# pytest-timeout prints the Python stacks of a stuck test; a test stuck inside C code (a lock
+# in the unwinder, an XLA rendezvous) shows where only in its native stacks, so shortly before
+# the timeout py-spy prints them too.
+_NATIVE_STACKS_AT = 0.8  # of the test's timeout
+
+
+def _print_native_stacks(nodeid: str) -> None:
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    if spy is None:
+        return
+    command = [spy, "dump", "--native", "--pid", str(os.getpid())]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return
+    sys.__stderr__.write(f"\n{nodeid} is still running; its threads:\n{done.stdout}{done.stderr}")
+    sys.__stderr__.flush()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item):
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0] if marker and marker.args else item.config.getini("timeout"))
+    timer = threading.Timer(limit * _NATIVE_STACKS_AT, _print_native_stacks, (item.nodeid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+# Seconds each of the slowest files took on two cores (the suite's --durations). xdist hands
+# out whole files in collection order, so the longest go first and the short ones fill in at
+# the end, instead of one long file starting last while the other worker sits idle.
+SLOW_FILES = {
+    "test_multihost.py": 120,
+    "test_paged_engine.py": 110,
+    "test_overlap.py": 100,
+    "test_serve.py": 95,
+    "test_sharded_kernels.py": 75,
+    "test_native_kernels.py": 65,
+    "test_serve_load.py": 56,
+    "test_layouts.py": 55,
+    "test_store_engine.py": 50,
+    "test_openai_api.py": 45,
+    "test_sessions.py": 45,
+    "test_flip_live.py": 40,
+    "test_serve_remote.py": 39,
+    "test_serve_store.py": 37,
+    "test_lm_eval.py": 35,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))  # stable within a file

@@ -63,10 +63,17 @@ def test_a_flip_without_room_is_refused_with_the_numbers(engine):
         [PROMPTS[0]], sampling=GREEDY)[0].token_ids  # fmt: skip
 
 
-def test_a_reseed_flip_leaves_cached_prefixes_to_the_store(tmp_path):
+@pytest.fixture
+def bridge():
+    """A host-memory store, closed (its worker thread ended) however the test ends."""
     bridge, _ = open_store(
         Engine.from_pretrained("tiny").config, "tiny-seed", "float32", 16, 16, 64 << 20, None, 0
     )
+    yield bridge
+    bridge.store.close()
+
+
+def test_a_reseed_flip_leaves_cached_prefixes_to_the_store(bridge):
     engine = Engine.from_pretrained("tiny", prefix_store=bridge, **OPTIONS)
     first = engine.generate([PROMPTS[0]], sampling=GREEDY)[0]  # cached on the device
     held = engine.allocator.held_pages()
@@ -80,4 +87,3 @@ def test_a_reseed_flip_leaves_cached_prefixes_to_the_store(tmp_path):
     assert counters["reseed_dropped_pages"] == len(held)
     engine.flush_prefix_cache()
     assert_pools_returned(engine)
-    bridge.store.close()

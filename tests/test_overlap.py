@@ -19,7 +19,7 @@ from tests.pool_checks import assert_pools_returned
 
 def make(overlap: bool) -> Engine:
     engine = Engine.from_pretrained(
-        "tiny", overlap=overlap, max_running_requests=8, max_prefill_tokens=256
+        "tiny", overlap=overlap, max_running_requests=8, max_prefill_tokens=64
     )
     engine.warmup()
     return engine
