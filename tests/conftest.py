@@ -9,6 +9,7 @@ the cache the suite took no longer (see the README's Tests section), so no proce
 one; `test_compile_counter.py` checks the cache's accounting in a process of its own.
 """
 
+import faulthandler
 import os
 import shutil
 import subprocess
@@ -33,30 +34,44 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-# pytest-timeout prints the Python stacks of a stuck test; a test stuck inside C code (a lock
-# in the unwinder, an XLA rendezvous) shows where only in its native stacks, so shortly before
-# the timeout py-spy prints them too.
-_NATIVE_STACKS_AT = 0.8  # of the test's timeout
+# pytest-timeout fails a test that outlives its timeout by raising in its main thread (SIGALRM),
+# which leaves the worker alive for the rest of the run. A test stuck inside C code never sees
+# that signal: past its timeout and a grace, its native and Python stacks are printed and the
+# worker exits, which ends the run (`--max-worker-restart=0` in the Makefile: xdist's whole-
+# file scheduling can deadlock when it replaces a crashed worker).
+_HARD_EXIT_GRACE_S = 30
+_terminal: list[int] = []  # a copy of stderr made before pytest captures it
 
 
-def _print_native_stacks(nodeid: str) -> None:
-    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
-    if spy is None:
-        return
-    command = [spy, "dump", "--native", "--pid", str(os.getpid())]
+def pytest_configure(config: pytest.Config) -> None:
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return
-    sys.__stderr__.write(f"\n{nodeid} is still running; its threads:\n{done.stdout}{done.stderr}")
-    sys.__stderr__.flush()
+        _terminal.append(os.dup(sys.stderr.fileno()))
+    except (AttributeError, ValueError, OSError):
+        _terminal.append(os.dup(sys.__stderr__.fileno()))
+
+
+def _end_stuck_worker(nodeid: str) -> None:
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    out = os.fdopen(os.dup(_terminal[0]), "w")
+    out.write(f"\n{nodeid} is stuck past its timeout; native stacks, then Python stacks:\n")
+    if spy is not None:
+        command = [spy, "dump", "--native", "--pid", str(os.getpid())]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            out.write(done.stdout + done.stderr)
+        except subprocess.TimeoutExpired:
+            out.write("py-spy did not answer in 60 s\n")
+    out.flush()
+    faulthandler.dump_traceback(out, all_threads=True)
+    out.flush()
+    os._exit(70)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item):
     marker = item.get_closest_marker("timeout")
     limit = float(marker.args[0] if marker and marker.args else item.config.getini("timeout"))
-    timer = threading.Timer(limit * _NATIVE_STACKS_AT, _print_native_stacks, (item.nodeid,))
+    timer = threading.Timer(limit + _HARD_EXIT_GRACE_S, _end_stuck_worker, (item.nodeid,))
     timer.daemon = True
     timer.start()
     try:
