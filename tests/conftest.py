@@ -1,12 +1,13 @@
-"""Test session setup: 8 virtual CPU devices, fp32 matmuls, no persistent compilation cache.
+"""Test session setup: 8 virtual CPU devices, fp32 matmuls, cheap compiles, bounded tests.
 
 XLA_FLAGS must be set before jax is first imported, which is why it happens at module import.
 
-The suite once shared one persistent compilation cache among its workers and the servers they
-start. Each cache write serializes the program, and a serialization that failed threw a C++
-exception whose unwinding faulted, which hung a worker (see `test_fault_handlers.py`). Without
-the cache the suite took no longer (see the README's Tests section), so no process here writes
-one; `test_compile_counter.py` checks the cache's accounting in a process of its own.
+No process here writes a persistent compilation cache. The suite once shared one among its
+workers and the servers they start: each write serializes the program, a serialization failed
+and threw a C++ exception, the unwinder faulted in it, and the fault handler that xgrammar's
+apache-tvm-ffi installs deadlocked on the unwinder's lock, which hung a worker for good (see
+`test_fault_handlers.py`). `test_compile_counter.py` checks the cache's accounting in a
+process of its own.
 """
 
 import faulthandler
@@ -23,6 +24,13 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_force_host_platform_device_count=8"
     # Tests compile many small programs and run each a few times: cheaper compiles win (-25%).
     + " --xla_backend_optimization_level=0"
+    # XLA:CPU's older elemental emitters compile the tiny model's steps in 40% less time (an
+    # engine's warmup: 18.0 -> 10.9 s of backend compiles), with the same tokens.
+    + " --xla_cpu_use_fusion_emitters=false"
+    # Eight virtual devices share two cores, so a device can reach a collective long after the
+    # others; XLA aborts the process when a rendezvous waits past this (40 s by default, which
+    # a loaded two-core machine can exceed). A stuck test is ended by its timeout first.
+    + " --xla_cpu_collective_call_terminate_timeout_seconds=900"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -104,3 +112,16 @@ SLOW_FILES = {
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))  # stable within a file
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """With FLIPJAX_TEST_RSS=<file>, each worker appends its resident memory after each file,
+    to see what the suite holds as it goes (what a module keeps stays until its last test)."""
+    path = os.environ.get("FLIPJAX_TEST_RSS")
+    if not path or (nextitem is not None and nextitem.path == item.path):
+        return
+    with open("/proc/self/status") as f:
+        rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(path, "a") as f:
+        f.write(f"{worker} {item.path.name} {rss_kb // 1024} MB\n")
