@@ -11,6 +11,7 @@ process of its own.
 """
 
 import faulthandler
+import gc
 import os
 import shutil
 import subprocess
@@ -38,6 +39,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # noqa: E402
+
+from flipjax.runtime import program_cache  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -114,14 +117,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))  # stable within a file
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """With FLIPJAX_TEST_RSS=<file>, each worker appends its resident memory after each file,
-    to see what the suite holds as it goes (what a module keeps stays until its last test)."""
-    path = os.environ.get("FLIPJAX_TEST_RSS")
-    if not path or (nextitem is not None and nextitem.path == item.path):
+def _memory_mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+# A worker compiles thousands of programs over the suite, each holding about twenty memory
+# mappings. At the kernel's vm.max_map_count (65530) a compile fails, and unwinding that failure
+# faulted in the unwinder: the crash and, before test_fault_handlers' fix, the hang. So when a
+# file is done and its engines with it, a worker past a third of the limit drops its programs.
+_MAPPINGS_LIMIT_SHARE = 1 / 3
+
+
+def _max_map_count() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except OSError:
+        return 65530
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    yield  # the file's fixtures (its engines and servers) are gone after this
+    if nextitem is not None and nextitem.path == item.path:
         return
-    with open("/proc/self/status") as f:
-        rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    with open(path, "a") as f:
-        f.write(f"{worker} {item.path.name} {rss_kb // 1024} MB\n")
+    mappings = _memory_mappings()
+    if mappings > _max_map_count() * _MAPPINGS_LIMIT_SHARE:
+        program_cache.release()
+        jax.clear_caches()
+        gc.collect()
+    # With FLIPJAX_TEST_RSS=<file>, each worker logs what it holds after each file.
+    path = os.environ.get("FLIPJAX_TEST_RSS")
+    if path:
+        with open("/proc/self/status") as f:
+            rss_mb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) >> 10
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(path, "a") as f:
+            f.write(
+                f"{worker} {item.path.name} {rss_mb} MB {mappings} -> "
+                f"{_memory_mappings()} mappings\n"
+            )

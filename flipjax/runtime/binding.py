@@ -8,9 +8,9 @@ prefill: consecutive sub-chunks) so that stage s works on piece i + 1 while stag
 on piece i. Single device and TP are the one-stage case of the same runner.
 
 Programs are compiled ahead of time from abstract shapes (`compile_programs`) and cached per
-process by (model, kernel mode, placement, pool shapes, stage, shape), so arming a layout before
-a flip leaves nothing to compile after it. Nothing outside the binding keeps a reference to its
-arrays: a flip builds a new binding and swaps it in whole.
+process (`program_cache`) by (model, kernel mode, placement, pool shapes, stage, shape), so
+arming a layout before a flip leaves nothing to compile after it. Nothing outside the binding
+keeps a reference to its arrays: a flip builds a new binding and swaps it in whole.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from flipjax.runtime.cpu_dots import step_compiler_options
 from flipjax.runtime.crosshost import from_host, reshard, settle, to_leader
 from flipjax.runtime.paged import Scores, stage_step, updates_in_place, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
+from flipjax.runtime.program_cache import PROGRAMS
 from flipjax.runtime.stages import ModelParts, stage_params
 
 Shape = tuple[int, int]  # (rows, tokens per row) of one step
-_programs: dict[tuple[Any, ...], Any] = {}
 _concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
 _concat_tokens = jax.jit(lambda parts: jnp.concatenate(parts, axis=1))
 
@@ -219,11 +219,11 @@ class Binding:
         if found is not None:
             return found
         key = self._key(stage, shape, score)
-        if key not in _programs:
+        if key not in PROGRAMS:
             with self.compiles.watch():
                 compile_programs(self, [shape], stages=[stage], score=score)
-        self._found[(stage, shape, score)] = _programs[key]
-        return _programs[key]
+        self._found[(stage, shape, score)] = PROGRAMS[key]
+        return PROGRAMS[key]
 
     def _key(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, ...]:
         return (*self._key_base, stage, shape, score)
@@ -264,7 +264,7 @@ def compile_programs(
         write_fn = jax.jit(write_slots, donate_argnums=(0,), out_shardings=gdn_sh)
         for b, t in shapes:
             key = binding._key(s, (b, t), scoring)
-            if key in _programs:
+            if key in PROGRAMS:
                 continue
             in_place = updates_in_place(cfg, binding.kernels, mesh, t)
             in_place_sh = (gdn_sh, tuple(GDNState(None, g.conv) for g in gdn_sh))
@@ -291,7 +291,7 @@ def compile_programs(
                 for pool in gdn
             )  # fmt: skip
             write = write_fn.lower(gdn, ints((b,)), rows).compile()
-            _programs[key] = (step, write, in_place)
+            PROGRAMS[key] = (step, write, in_place)
 
 
 def _from_leaves(tree: Any, step: Any, leaves: tuple[jax.Array, ...], *args: Any) -> Any:
