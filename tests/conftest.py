@@ -2,12 +2,16 @@
 
 XLA_FLAGS must be set before jax is first imported, which is why it happens at module import.
 
-No process here writes a persistent compilation cache. The suite once shared one among its
-workers and the servers they start: each write serializes the program, a serialization failed
-and threw a C++ exception, the unwinder faulted in it, and the fault handler that xgrammar's
-apache-tvm-ffi installs deadlocked on the unwinder's lock, which hung a worker for good (see
-`test_fault_handlers.py`). `test_compile_counter.py` checks the cache's accounting in a
-process of its own.
+Why the suite once hung, and the guards against it. A worker kept every program it compiled,
+about twenty memory mappings each, until it reached the kernel's vm.max_map_count; the next
+compile (or persistent-cache serialization) failed, unwinding its C++ exception faulted in the
+unwinder, and the SIGSEGV handler of xgrammar's apache-tvm-ffi deadlocked on the unwinder's lock.
+Now a worker drops its programs between files when it nears the limit (below), a fault ends
+its process with a report (`flipjax.runtime.fault_handlers`), and every test is bounded.
+
+No process here writes a persistent compilation cache: the workers and servers would share one
+folder, and the suite fits its budget without it. `test_compile_counter.py` checks the cache's
+accounting in a process of its own.
 """
 
 import faulthandler

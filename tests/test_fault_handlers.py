@@ -1,9 +1,9 @@
 """A fault in the C++ unwinder ends the process with a report; it never hangs it.
 
-The suite once hung for good: a C++ exception thrown while a freed JIT program's unwind tables
-were still registered faulted inside the unwinder, and the SIGSEGV handler that xgrammar's
+The suite once hung for good: a worker at its memory-mapping limit failed a compile, unwinding
+the C++ exception faulted inside the unwinder, and the SIGSEGV handler that xgrammar's
 apache-tvm-ffi installs then waited forever for the unwinder's lock. The program below builds
-that state on purpose (tables registered, then unmapped) and throws an exception through XLA.
+that fault on purpose (unwind tables registered, then unmapped) and throws through XLA.
 """
 
 from __future__ import annotations
