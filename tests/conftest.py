@@ -95,32 +95,6 @@ def pytest_runtest_protocol(item: pytest.Item):
         timer.cancel()
 
 
-# Seconds each of the slowest files took on two cores (the suite's --durations). xdist hands
-# out whole files in collection order, so the longest go first and the short ones fill in at
-# the end, instead of one long file starting last while the other worker sits idle.
-SLOW_FILES = {
-    "test_multihost.py": 120,
-    "test_paged_engine.py": 110,
-    "test_overlap.py": 100,
-    "test_serve.py": 95,
-    "test_sharded_kernels.py": 75,
-    "test_native_kernels.py": 65,
-    "test_serve_load.py": 56,
-    "test_layouts.py": 55,
-    "test_store_engine.py": 50,
-    "test_openai_api.py": 45,
-    "test_sessions.py": 45,
-    "test_flip_live.py": 40,
-    "test_serve_remote.py": 39,
-    "test_serve_store.py": 37,
-    "test_lm_eval.py": 35,
-}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: -SLOW_FILES.get(item.path.name, 0))  # stable within a file
-
-
 def _memory_mappings() -> int:
     with open("/proc/self/maps") as f:
         return sum(1 for _ in f)
@@ -129,8 +103,10 @@ def _memory_mappings() -> int:
 # A worker compiles thousands of programs over the suite, each holding about twenty memory
 # mappings. At the kernel's vm.max_map_count (65530) a compile fails, and unwinding that failure
 # faulted in the unwinder: the crash and, before test_fault_handlers' fix, the hang. So when a
-# file is done and its engines with it, a worker past a third of the limit drops its programs.
-_MAPPINGS_LIMIT_SHARE = 1 / 3
+# file is done, and its engines with it, a worker past half the limit drops its programs and
+# jax's caches (between files, so no test's compile count sees it); one file adds at most about
+# 20000, so the other half is headroom enough.
+_MAPPINGS_LIMIT_SHARE = 1 / 2
 
 
 def _max_map_count() -> int:
@@ -143,7 +119,7 @@ def _max_map_count() -> int:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    yield  # the file's fixtures (its engines and servers) are gone after this
+    yield  # the file's fixtures (its engines and servers) are gone after its last test
     if nextitem is not None and nextitem.path == item.path:
         return
     mappings = _memory_mappings()
