@@ -14,12 +14,14 @@ folder, and the suite fits its budget without it. `test_compile_counter.py` chec
 accounting in a process of its own.
 """
 
+import atexit
 import faulthandler
 import gc
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -39,8 +41,13 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# A cache named by the caller's environment would reach every server a test starts.
-os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+if os.environ.get("FLIPJAX_TEST_XLA_CACHE_OWNER") is None:
+    _cache = tempfile.mkdtemp(prefix="flipjax-test-xla-cache-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["FLIPJAX_TEST_XLA_CACHE_OWNER"] = str(os.getpid())
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import jax  # noqa: E402
 

@@ -17,6 +17,8 @@ from flipjax.model.tokenizer import ByteTokenizer
 from flipjax.runtime.model_runner import Row
 from tests.pool_checks import assert_pools_returned
 
+# Compiled whole: run op by op, the contiguous forward compiled about 500 programs.
+contiguous_forward = jax.jit(forward, static_argnums=(0, 5))
 PROMPTS = [[(i * 7 + 3) % 256 for i in range(n)] for n in (1, 5, 15, 16, 17, 31, 44, 60)]
 
 
@@ -46,7 +48,7 @@ def test_paged_logits_equal_contiguous_forward(engine):
         for _ in range(8):
             tokens = jnp.asarray([ids[start:]], jnp.int32)
             positions = jnp.arange(start, len(ids), dtype=jnp.int32)[None]
-            want, cache = forward(engine.graphdef, engine.params, tokens, positions, cache, True)
+            want, cache = contiguous_forward(engine.graphdef, engine.params, tokens, positions, cache, True)
             # Blockwise online softmax vs one softmax: fp32 sums in another order (logits ~2.5),
             # which also depends on the CPU's matmul kernels (2.6e-5 seen on an AVX-512 part).
             np.testing.assert_allclose(np.asarray(paged[0]), np.asarray(want[0]), atol=5e-5, rtol=0)
