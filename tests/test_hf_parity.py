@@ -52,7 +52,8 @@ def test_prefill_in_two_chunks_continues_exactly(pair):
     for lo, hi in ((0, split), (split, len(PROMPT))):
         tokens = jnp.asarray([PROMPT[lo:hi]], jnp.int32)
         positions = jnp.arange(lo, hi, dtype=jnp.int32)[None]
-        logits, cache = jax.jit(forward, static_argnums=0)(engine.graphdef, engine.params, tokens, positions, cache)
+        step = jax.jit(forward, static_argnums=0)  # one program, not one per operation
+        logits, cache = step(engine.graphdef, engine.params, tokens, positions, cache)
         parts.append(np.asarray(logits[0]))
     np.testing.assert_allclose(np.concatenate(parts), want, atol=1e-4, rtol=0)
 

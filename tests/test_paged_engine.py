@@ -48,7 +48,9 @@ def test_paged_logits_equal_contiguous_forward(engine):
         for _ in range(8):
             tokens = jnp.asarray([ids[start:]], jnp.int32)
             positions = jnp.arange(start, len(ids), dtype=jnp.int32)[None]
-            want, cache = contiguous_forward(engine.graphdef, engine.params, tokens, positions, cache, True)
+            want, cache = contiguous_forward(
+                engine.graphdef, engine.params, tokens, positions, cache, True
+            )
             # Blockwise online softmax vs one softmax: fp32 sums in another order (logits ~2.5),
             # which also depends on the CPU's matmul kernels (2.6e-5 seen on an AVX-512 part).
             np.testing.assert_allclose(np.asarray(paged[0]), np.asarray(want[0]), atol=5e-5, rtol=0)
