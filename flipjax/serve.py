@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -75,10 +77,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "first use of each shape)",
     )
     p.add_argument("--api-key", default=None, help="Bearer key the inference routes require")
+    from serve.limits import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
+
     p.add_argument(
         "--admin-api-key",
         default=None,
-        help="Bearer key for phase routes (without one they answer on loopback only)",
+        help="Bearer key for the admin routes (flips, storage backends, cache flushes); "
+        "without one they are disabled",
+    )
+    p.add_argument(
+        "--allow-insecure-admin",
+        action="store_true",
+        help="enable the admin routes without a key (only where every client is trusted)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="Host and Origin names the admin routes answer to ('*': any; default: "
+        "localhost, 127.0.0.1, ::1 and --host)",
+    )
+    p.add_argument(
+        "--max-n",
+        type=int,
+        default=DEFAULT_MAX_N,
+        help="most choices (n, best_of) one request may ask for",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="largest request body; a larger one is a 413 before it is parsed",
     )
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--num-pages", type=int, default=1024, help="KV pages in the device pool")
@@ -189,9 +219,18 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(
         engine, args.host, args.api_key, args.admin_api_key, template, control, autopilot,
         args.served_model_name or [args.model], args.reasoning_parser,
-        not args.disable_any_whitespace,
+        not args.disable_any_whitespace, max_n=args.max_n,
+        max_request_bytes=args.max_request_bytes,
+        allow_insecure_admin=args.allow_insecure_admin, allowed_hosts=args.allowed_hosts,
     )  # fmt: skip
+    if args.admin_api_key is None and not args.allow_insecure_admin:
+        log.info("admin routes: disabled (no --admin-api-key)")
+    loop = app.state.server.loop
+    # A dead engine loop ends the server (uvicorn stops on SIGTERM), and the exit code says so.
+    loop.on_death = lambda _: os.kill(os.getpid(), signal.SIGTERM)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    if loop.dead is not None:
+        raise SystemExit(f"the engine loop stopped: {loop.dead}")
 
 
 def _engine_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from flipjax.engine.pilot import Autopilot
 from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import install_handlers
+from serve.limits import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from serve.routes import admin, chat, completions, info, sessions, store
 from serve.state import ServerState
 from serve.store_control import StoreControl
@@ -33,6 +34,11 @@ def create_app(
     served_names: list[str] | None = None,
     reasoning_parser: str | None = None,
     any_whitespace: bool = True,
+    *,
+    max_n: int = DEFAULT_MAX_N,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    allow_insecure_admin: bool = False,
+    allowed_hosts: list[str] | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flipjax", version=version("flipjax"))
     loop = EngineLoop(engine, autopilot)
@@ -40,6 +46,11 @@ def create_app(
         engine, loop, ChatTemplate(chat_template), host, api_key, admin_key, store_control,
         autopilot, served_names or [], reasoning_parser, any_whitespace,
     )  # fmt: skip
+    state = app.state.server
+    state.max_n, state.allow_insecure_admin = max_n, allow_insecure_admin
+    if allowed_hosts is not None:
+        state.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
     app.router.on_shutdown.append(loop.close)
     install_handlers(app)
     for router in (info.router, info.guarded, completions.router, chat.router, sessions.router,

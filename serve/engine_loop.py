@@ -18,6 +18,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,10 @@ class EngineLoop:
         self.steps = 0
         self.step_errors = 0
         self.lost: ProcessLost | None = None  # a process of the cluster died: nothing runs
+        # The loop thread itself failed: nothing runs, /health is 503, and `on_death` ends the
+        # process (non-zero), so that its supervisor restarts it rather than it wedging.
+        self.dead: BaseException | None = None
+        self.on_death: Callable[[BaseException], None] | None = None
         self._idle_s = _PING_S if multihost.current().multi else None
         self._thread = threading.Thread(target=self._run, name="flipjax-engine", daemon=True)
         self._thread.start()
@@ -76,7 +81,7 @@ class EngineLoop:
         self._check_cluster()
         admitted: Future[list[tuple[list[str], int]]] = Future()
         self._commands.put(lambda: self._admit(starts, notify, admitted))
-        return admitted.result()
+        return self._wait(admitted)
 
     def abort(self, request_id: str) -> None:
         """Abort soon, without waiting (a client went away)."""
@@ -99,7 +104,7 @@ class EngineLoop:
                 done.set_exception(err)
 
         self._commands.put(command)
-        return done.result()
+        return self._wait(done)
 
     def close(self) -> None:
         self._stop.set()
@@ -107,13 +112,45 @@ class EngineLoop:
         self._thread.join(timeout=30)
         mirror.stop()  # the other processes of a cluster return from following
 
+    def _wait(self, done: Future[Any]) -> Any:
+        """The command's result; a command queued as the loop died is never run, so the wait
+        looks again now and then rather than forever."""
+        while True:
+            try:
+                return done.result(timeout=_DEATH_CHECK_S)
+            except FutureTimeout:
+                self._check_cluster()
+
     def _check_cluster(self) -> None:
+        if self.dead is not None:
+            raise LoopDead(f"the engine loop stopped: {self.dead}")
         if self.lost is not None:
             raise self.lost
 
     # -- the loop thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as err:  # noqa: BLE001 - reported, then the process ends
+            self.dead = err
+            log.critical("engine loop died: %s", "".join(traceback.format_exception(err)))
+            self._fail_all(f"internal error: the engine loop stopped ({err})")
+            self._refuse_queued()
+            if self.on_death is not None:
+                self.on_death(err)
+
+    def _refuse_queued(self) -> None:
+        """Commands queued behind the death get the error instead of waiting forever."""
+        while True:
+            try:
+                self._commands.get_nowait()()
+            except queue.Empty:
+                return
+            except Exception:  # noqa: BLE001, S110 - each already carries _check_cluster's error
+                pass
+
+    def _serve(self) -> None:
         idle = False  # the last step planned nothing: its queue's head awaits the store
         while not self._stop.is_set():
             busy = self.lost is None and self.engine.has_unfinished()
@@ -148,9 +185,10 @@ class EngineLoop:
     ) -> None:
         started: list[str] = []
         try:
+            self._check_cluster()
             for start in starts:
                 started.append(start(self.engine))
-        except (ValueError, KeyError) as err:
+        except Exception as err:  # noqa: BLE001 - this request's failure, not the loop's
             for rid in started:
                 for choice in self.engine.requests.choices(rid):
                     self.engine.abort(choice)
@@ -202,7 +240,7 @@ class EngineLoop:
             self._live.pop(rid)
             try:
                 self.engine.abort(rid)
-            except KeyError:
+            except Exception:  # noqa: BLE001, S110 - gone already, or the engine is broken
                 pass
             req.notify(Update(rid, [], error=error))
 
@@ -228,5 +266,10 @@ class EngineLoop:
             log.error("phase policy: %s", err)
 
 
+class LoopDead(RuntimeError):
+    """The engine loop's thread failed; the server serves nothing more."""
+
+
+_DEATH_CHECK_S = 1.0
 _IDLE_S = 0.002  # how long an idle loop sleeps between looks at the store
 _PING_S = 0.5  # how often an idle process 0 of a cluster checks the others are there

@@ -8,11 +8,18 @@ cluster is a 503 for everything after it.
 
 from __future__ import annotations
 
+import logging
+import traceback
+import uuid
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from flipjax.runtime.multihost import ProcessLost
+from serve.engine_loop import LoopDead
+
+log = logging.getLogger("flipjax.serve")
 
 
 class APIError(Exception):
@@ -33,6 +40,14 @@ def refusal(err: Exception) -> APIError:
     message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
     field = message.split(":", 1)[0]
     return APIError(404 if isinstance(err, KeyError) else 400, message, field)
+
+
+def internal_error(stage: str, err: Exception) -> APIError:
+    """A 500 for one request, with a reference that finds its stack in the server's log."""
+    ref = f"err-{uuid.uuid4().hex[:12]}"
+    log.error("%s failed (%s): %s", stage, ref, "".join(traceback.format_exception(err)))
+    message = f"internal error while {stage} (reference {ref}): {type(err).__name__}: {err}"
+    return APIError(500, message, None, "internal_error")
 
 
 def error_response(status: int, message: str, param: str | None, kind: str) -> JSONResponse:
@@ -63,6 +78,10 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ProcessLost)
     async def process_lost(request: Request, err: ProcessLost) -> JSONResponse:
+        return error_response(503, str(err), None, "service_unavailable")
+
+    @app.exception_handler(LoopDead)
+    async def loop_dead(request: Request, err: LoopDead) -> JSONResponse:
         return error_response(503, str(err), None, "service_unavailable")
 
     @app.exception_handler(RequestValidationError)

@@ -4,8 +4,6 @@ optional phase policy and store control, held on `app.state.server`."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import socket
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +15,7 @@ from flipjax.runtime.grammar import GrammarCompiler
 from serve.chat_template import ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import APIError
+from serve.limits import DEFAULT_MAX_N
 from serve.metrics import Metrics
 from serve.store_control import StoreControl
 
@@ -38,6 +37,12 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     grammars: GrammarCompiler | None = None  # built on the first structured request
     grammar_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    max_n: int = DEFAULT_MAX_N  # choices per request (n, best_of)
+    # Admin routes without an admin key: refused unless the operator opts in.
+    allow_insecure_admin: bool = False
+    # Host and Origin names admin routes answer to (DNS rebinding); None: loopback names and
+    # the bind address; "*" in it: any.
+    allowed_hosts: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         self.served_names = self.served_names or [self.engine.name]
@@ -46,9 +51,10 @@ class ServerState:
     def model_name(self) -> str:
         return self.served_names[0]
 
-    @property
-    def loopback(self) -> bool:
-        return ipaddress.ip_address(_resolve(self.host)).is_loopback
+    def admin_hosts(self) -> frozenset[str]:
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        return frozenset({"localhost", "127.0.0.1", "::1", self.host.lower()})
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in self.served_names:
@@ -58,10 +64,3 @@ class ServerState:
 def server(request: Request) -> ServerState:
     """The dependency routes declare to reach the server's state."""
     return request.app.state.server
-
-
-def _resolve(host: str) -> str:
-    try:
-        return str(ipaddress.ip_address(host))
-    except ValueError:
-        return socket.gethostbyname(host)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from flipjax.engine.engine import Engine, Output
-from serve.engine_loop import Update
-from serve.errors import APIError, refusal
+from flipjax.runtime.multihost import ProcessLost
+from serve.engine_loop import LoopDead, Update
+from serve.errors import APIError, internal_error, refusal
 from serve.state import ServerState
 
 
@@ -60,6 +61,10 @@ async def submit(state: ServerState, starts: list[Callable[[Engine], str]]) -> S
         )
     except (ValueError, KeyError) as err:
         raise refusal(err) from None
+    except (LoopDead, ProcessLost):
+        raise
+    except Exception as err:  # noqa: BLE001 - this request fails alone, with a reference
+        raise internal_error("admitting the request", err) from None
     choices = [
         Choice(index, rid, prompt, tokens)
         for index, (prompt, rid, tokens) in enumerate(

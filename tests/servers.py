@@ -23,6 +23,8 @@ def free_port() -> int:
 
 # Fewer step shapes to compile (decode up to 16 rows, prefill chunks up to 64 tokens).
 SMALL = ("--max-running-requests", "16", "--max-prefill-tokens", "64", "--no-warmup")
+# For servers whose tests call admin routes without a key (the default refuses them).
+INSECURE_ADMIN = "--allow-insecure-admin"
 
 
 def start_server(log, *flags: str) -> tuple[subprocess.Popen, str]:

@@ -37,7 +37,7 @@ ENGINE = dict(max_running_requests=4, max_prefill_tokens=64, num_pages=64, page_
 FLAGS = (
     "--max-running-requests", "4", "--max-prefill-tokens", "64", "--num-pages", "64",
     "--page-size", str(PAGE), "--gdn-checkpoint-interval", str(GRID), "--no-warmup",
-    "--served-model-name", "m",
+    "--served-model-name", "m", "--allow-insecure-admin",
 )  # fmt: skip
 PROMPTS = [[(7 * i + j) % 256 for j in range(11 + 5 * i)] for i in range(3)]
 LONG = [(3 * j + 1) % 256 for j in range(90)]  # pages and GDN states for the store

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from flipjax import Engine, SamplingParams
-from tests.servers import SMALL, metric, start_server, stop_server
+from tests.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("server")
     with open(folder / "log.txt", "w") as log:
         proc, base = start_server(
-            log, "--model", "tiny", "--layout", "pp:5,3", "--arm", "tp:2", *SMALL,
+            log, "--model", "tiny", "--layout", "pp:5,3", "--arm", "tp:2", *SMALL, INSECURE_ADMIN,
             "--store-dir", str(folder / "store"),
         )  # fmt: skip
         try:
@@ -225,3 +225,18 @@ def test_keys_guard_the_routes(tmp_path):
     finally:
         stop_server(proc)
 
+
+
+def test_admin_routes_answer_only_to_allowed_hosts_and_json(server):
+    """DNS rebinding (a foreign Host), a cross-site request (a foreign Origin) and a form post
+    (not JSON) are refused; the same request from loopback with JSON is answered."""
+    phase = f"{server}/phase"
+    layout = httpx.get(phase, timeout=30).json()["layout"]
+    r = httpx.get(phase, headers={"host": "evil.example"}, timeout=30)
+    assert r.status_code == 403 and "Host: 'evil.example'" in r.json()["error"]["message"]
+    r = httpx.get(phase, headers={"origin": "http://evil.example"}, timeout=30)
+    assert r.status_code == 403 and "Origin" in r.json()["error"]["message"]
+    form = {"content-type": "text/plain"}
+    r = httpx.post(f"{server}/phase_flip", content='{"to": "tp:2"}', headers=form, timeout=30)
+    assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+    assert httpx.get(phase, timeout=30).json()["layout"] == layout  # the form post flipped nothing

@@ -12,7 +12,7 @@ import pytest
 
 from flipjax import Engine
 from flipjax.serve import parse_args
-from tests.servers import SMALL, metric, start_server, stop_server
+from tests.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 
 
 def test_auto_phase_policy_needs_one_decode_layout(capsys):
@@ -24,8 +24,10 @@ def test_auto_phase_policy_needs_one_decode_layout(capsys):
 def test_a_burst_into_a_small_pool_under_the_auto_policy(tmp_path):
     prompts = [f"burst {i}: " + "y" * (40 + i) for i in range(8)]  # 4 pages each, growing to 7
     want = Engine.from_pretrained("tiny").generate(prompts, max_new_tokens=40)
-    flags = ("--num-pages", "16", "--store-dir", "none", "--layout", "single", "--arm", "tp:2",
-             "--phase-policy", "auto", *SMALL, "--max-running-requests", "8")  # fmt: skip
+    flags = (
+        *("--num-pages", "16", "--store-dir", "none", "--layout", "single", "--arm", "tp:2"),
+        *("--phase-policy", "auto", *SMALL, INSECURE_ADMIN, "--max-running-requests", "8"),
+    )
     with open(tmp_path / "log.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:

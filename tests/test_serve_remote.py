@@ -10,7 +10,7 @@ import time
 import httpx
 
 from tests.redis_server import RedisServer
-from tests.servers import SMALL, metric, start_server, stop_server
+from tests.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 from tests.test_serve_store import PROMPT
 
 GRID = ("--gdn-checkpoint-interval", "32")
@@ -55,7 +55,7 @@ def settled(count, quiet_s: float = 1.0) -> int:
 
 def test_two_servers_in_different_layouts_share_one_redis_through_an_outage(tmp_path):
     redis = RedisServer(str(tmp_path)).start()
-    flags = ("--store-dir", "none", "--remote-store", redis.url, *GRID, *SMALL,
+    flags = ("--store-dir", "none", "--remote-store", redis.url, *GRID, *SMALL, INSECURE_ADMIN,
              "--prefetch-wait-ms", "30000")  # fmt: skip
     with open(tmp_path / "pp.txt", "w") as a_log, open(tmp_path / "tp.txt", "w") as b_log:
         a, a_base = start_server(a_log, "--layout", "pp:5,3", *flags)

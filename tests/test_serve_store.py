@@ -10,7 +10,7 @@ import logging
 import httpx
 
 from serve.metrics import TIERS
-from tests.servers import SMALL, metric, start_server, stop_server
+from tests.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 
 PROMPT = "".join(chr(97 + (i * 7) % 26) for i in range(90))  # 90 tokens: two 32-token grids
 
@@ -30,8 +30,10 @@ def hits(base: str) -> dict[str, float]:
 
 def test_prefix_hits_from_device_host_and_disk(tmp_path):
     # A queued request waits for its stored prefix however loaded the machine is.
-    flags = ("--store-dir", str(tmp_path / "store"), "--gdn-checkpoint-interval", "32", *SMALL,
-             "--prefetch-wait-ms", "30000")  # fmt: skip
+    flags = (
+        *("--store-dir", str(tmp_path / "store"), "--gdn-checkpoint-interval", "32", *SMALL),
+        *(INSECURE_ADMIN, "--prefetch-wait-ms", "30000"),
+    )
     with open(tmp_path / "a.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:

@@ -38,6 +38,23 @@ class Requests:
             raise ValueError(f"prompt: token ids {bad[:8]} are outside the vocabulary [0, {vocab})")
         return [int(t) for t in ids]
 
+    def check_vocabulary(self, params: SamplingParams) -> None:
+        """Every id and count a request names is within the vocabulary: the sampler indexes
+        and sorts by them, so an id past the end must be refused, never wrapped around."""
+        vocab = self.vocab_size
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise ValueError(f"logit_bias: token ids {bad[:8]} are outside the vocabulary")
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise ValueError(
+                f"stop_token_ids: token ids {bad[:8]} are outside the vocabulary [0, {vocab})"
+            )
+        if params.top_k > vocab:
+            raise ValueError(
+                f"top_k: must be in [-1, {vocab}] (the vocabulary), got {params.top_k}"
+            )
+
     def check_length(self, total: int) -> None:
         if total > self.max_model_len:
             raise ValueError(
@@ -63,9 +80,7 @@ class Requests:
         if max_tokens < 0 or (max_tokens == 0 and params.prompt_logprobs is None):
             name = "max_tokens" if params.max_tokens is not None else "max_new_tokens"
             raise ValueError(f"{name}: must be positive, got {max_tokens}")
-        bad = [t for t, _ in params.logit_bias if t >= self.vocab_size]
-        if bad:
-            raise ValueError(f"logit_bias: token ids {bad[:8]} are outside the vocabulary")
+        self.check_vocabulary(params)
         self.check_length(seq.num_tokens + max_tokens)
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self._live:

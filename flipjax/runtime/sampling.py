@@ -13,6 +13,11 @@ from typing import Any
 
 MAX_LOGPROBS = 20
 DEFAULT_MAX_TOKENS = 16  # when a request names no max_tokens, as in the OpenAI API
+# Sizes a request controls, bounded so that one request cannot make the host's per-step work
+# (stop matching, bias tables) unbounded. OpenAI's API allows 4 stop sequences; vLLM none.
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_BYTES = 256
+MAX_LOGIT_BIAS = 1024
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,18 @@ def _validate(p: SamplingParams) -> None:
             raise ValueError(f"{name}: {bound.describe()}, got {value!r}")
     if any(not s for s in p.stop):
         raise ValueError(f"stop: stop strings must be non-empty, got {p.stop!r}")
+    if len(p.stop) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"stop: at most {MAX_STOP_SEQUENCES} stop strings, got {len(p.stop)}")
+    long = [s for s in p.stop if len(s.encode()) > MAX_STOP_BYTES]
+    if long:
+        raise ValueError(
+            f"stop: each stop string is at most {MAX_STOP_BYTES} bytes, got {len(long[0].encode())}"
+        )
+    negative = [t for t in p.stop_token_ids if t < 0]
+    if negative:
+        raise ValueError(f"stop_token_ids: token ids must be >= 0, got {negative[:8]}")
+    if len(p.logit_bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS} entries, got {len(p.logit_bias)}")
     if p.max_tokens == 0 and p.prompt_logprobs is None:
         raise ValueError("max_tokens: 0 generates nothing; it is only allowed with prompt logprobs")
     for token, value in p.logit_bias:
@@ -136,5 +153,3 @@ def _validate(p: SamplingParams) -> None:
             raise ValueError(
                 f"logit_bias: token {token} -> {value} ({LOGIT_BIAS.describe()}, ids >= 0)"
             )
-
-

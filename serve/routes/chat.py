@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from serve.auth import State, require_api_key
 from serve.errors import bad_request
+from serve.limits import check_choices
 from serve.protocol.chat import ChatRequest
 from serve.render_chat import ChatRenderer
 from serve.streaming import sse
@@ -48,6 +49,7 @@ async def chat_completions(req: ChatRequest, state: State) -> Response:
     k = req.top_logprobs if req.logprobs else None
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: needs logprobs to be true", "top_logprobs")
+    check_choices(req.n, "n", state.max_n)
     params = req.sampling_params(max_tokens=req.output_tokens, logprobs=k)
     grammar = await grammar_for(state, req, tools.spec)
     submitted = await submit(state, [

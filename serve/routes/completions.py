@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from flipjax.engine.engine import Engine, Output
 from serve.auth import State, require_api_key
 from serve.errors import bad_request
+from serve.limits import check_choices
 from serve.protocol.completions import CompletionRequest, GenerateRequest
 from serve.render_completion import CompletionRenderer
 from serve.streaming import sse
@@ -35,6 +36,8 @@ async def completions(req: CompletionRequest, state: State) -> Response:
     if not prompts:
         raise bad_request("prompt: is empty", "prompt")
     best_of = req.best_of or req.n
+    check_choices(req.n, "n", state.max_n)
+    check_choices(best_of, "best_of", state.max_n)
     if best_of < req.n:
         raise bad_request(f"best_of: {best_of} is below n {req.n}", "best_of")
     if req.stream and best_of > req.n:

@@ -26,7 +26,11 @@ guarded = APIRouter(dependencies=[Depends(require_api_key)], tags=["info"])
 
 @router.get("/health", response_model=None)
 async def health(state: State) -> dict[str, str] | JSONResponse:
-    """503 once a process of the cluster is lost, naming it (the server serves nothing more)."""
+    """503 once the engine loop has stopped or a process of the cluster is lost, naming it
+    (the server serves nothing more)."""
+    if state.loop.dead is not None:
+        body = {"status": "unavailable", "error": f"the engine loop stopped: {state.loop.dead}"}
+        return JSONResponse(status_code=503, content=body)
     lost = state.loop.lost
     if lost is not None:
         body = {"status": "unavailable", "error": str(lost), "lost_processes": lost.lost}
