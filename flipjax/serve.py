@@ -76,40 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip compiling every step shape at start (serving then compiles on "
         "first use of each shape)",
     )
-    p.add_argument("--api-key", default=None, help="Bearer key the inference routes require")
-    from serve.limits import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
+    from serve.flags import add_access_arguments
 
-    p.add_argument(
-        "--admin-api-key",
-        default=None,
-        help="Bearer key for the admin routes (flips, storage backends, cache flushes); "
-        "without one they are disabled",
-    )
-    p.add_argument(
-        "--allow-insecure-admin",
-        action="store_true",
-        help="enable the admin routes without a key (only where every client is trusted)",
-    )
-    p.add_argument(
-        "--allowed-hosts",
-        nargs="+",
-        default=None,
-        metavar="NAME",
-        help="Host and Origin names the admin routes answer to ('*': any; default: "
-        "localhost, 127.0.0.1, ::1 and --host)",
-    )
-    p.add_argument(
-        "--max-n",
-        type=int,
-        default=DEFAULT_MAX_N,
-        help="most choices (n, best_of) one request may ask for",
-    )
-    p.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=DEFAULT_MAX_REQUEST_BYTES,
-        help="largest request body; a larger one is a 413 before it is parsed",
-    )
+    add_access_arguments(p)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--num-pages", type=int, default=1024, help="KV pages in the device pool")
     p.add_argument("--max-running-requests", type=int, default=32)
@@ -137,7 +106,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--remote-store",
         default=None,
         metavar="redis://HOST:PORT/DB",
-        help="a Redis server that servers of this model share, beneath host and disk",
+        help="a Redis server that servers of this model share, beneath host and disk; "
+        "its entries are signed with --store-secret, without which it is not used",
     )
     p.add_argument(
         "--prefetch-wait-ms",
@@ -294,10 +264,17 @@ def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any
         cfg, weights_id = ModelConfig.from_hf(args.model), files_fingerprint(args.model)
     store_dir = None if args.store_dir == "none" else args.store_dir
     grid = args.gdn_checkpoint_interval or default_interval(args.page_size)
+    remote_url, secret = args.remote_store, args.store_secret
+    if remote_url and not secret:
+        log.warning(
+            "store: the shared tier %s is off: without --store-secret (or FLIPJAX_STORE_SECRET) "
+            "its entries can be neither signed nor verified", remote_url,
+        )  # fmt: skip
+        remote_url = None
     bridge, identity = open_store(
         cfg, weights_id, args.dtype, args.page_size, grid,
         int(args.host_cache_gb * 2**30), store_dir, int(args.disk_cache_gb * 2**30),
-        args.remote_store, int(args.disk_min_free_gb * 2**30),
+        remote_url, int(args.disk_min_free_gb * 2**30), secret.encode() if secret else None,
     )  # fmt: skip
     where = "off" if store_dir is None else disk_folder(store_dir, identity)
     remote = bridge.store.remote

@@ -11,9 +11,9 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve.errors import APIError, error_response
+from serve.flags import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
 
-DEFAULT_MAX_REQUEST_BYTES = 16 << 20  # vLLM has none; 16 MiB holds any prompt the context fits
-DEFAULT_MAX_N = 16  # vLLM's OpenAI server has none; OpenAI's API refuses n above 128
+__all__ = ["DEFAULT_MAX_N", "DEFAULT_MAX_REQUEST_BYTES", "BodyLimit", "check_choices"]
 
 
 class BodyLimit:

@@ -61,6 +61,9 @@ class StoreBridge:
         self.page_size = store.page_size
         self.gdn_interval = store.gdn_interval
         self._chains = KeyChains(store.root, store.page_size)
+        # Entries that verified but do not have this model's payload shape: a miss each, never
+        # an error in the engine's seeding.
+        self.bad_payloads = 0
 
     def fetch(self, token_ids: list[int], start: int = 0) -> FetchedPrefix | None:
         resident = not self.sync_reads
@@ -68,17 +71,21 @@ class StoreBridge:
         if found.tokens <= start:
             return None
         pages, tiers = [], set()
-        for key in found.page_keys[start // self.page_size :]:
-            payload, tier = self.store.get_from(key, Kind.KV_PAGE, resident)
-            if payload is None:
+        try:
+            for key in found.page_keys[start // self.page_size :]:
+                payload, tier = self.store.get_from(key, Kind.KV_PAGE, resident)
+                if payload is None:
+                    return None
+                pages.append(self.layout.decode_kv(payload))
+                tiers.add(tier)
+            state, tier = self.store.get_from(found.anchor_key, Kind.GDN_ANCHOR, resident)
+            if state is None:
                 return None
-            pages.append(self.layout.decode_kv(payload))
             tiers.add(tier)
-        state, tier = self.store.get_from(found.anchor_key, Kind.GDN_ANCHOR, resident)
-        if state is None:
+            rec, conv = self.layout.decode_gdn(state)
+        except ValueError:  # a payload of another length: the canonical layout's check
+            self.bad_payloads += 1
             return None
-        tiers.add(tier)
-        rec, conv = self.layout.decode_gdn(state)
         # A prefix that needed a lower tier anywhere counts as that tier's hit: that is its cost.
         where = max(tiers, key=ORDER.index)
         return FetchedPrefix(found.tokens, np.stack(pages), rec, conv, start, where)
@@ -89,7 +96,9 @@ class StoreBridge:
         return self.store.prefetch(token_ids)
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return self.store.stats()
+        out = self.store.stats()
+        out["store"]["bad_payloads"] = self.bad_payloads
+        return out
 
     def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
         keys = self._chains.keys(token_ids, first_page + len(kv), resume=first_page)

@@ -35,17 +35,20 @@ def open_store(
     disk_bytes: int,
     remote_url: str | None = None,
     disk_min_free_bytes: int = 0,
+    remote_secret: bytes | None = None,
 ) -> tuple[StoreBridge, ModelIdentity]:
     """A tiered store (host, plus disk when `store_dir` is set and `disk_bytes` > 0, plus a
-    shared Redis tier at `remote_url`) behind a bridge the engine can seed from and publish
-    to."""
+    shared Redis tier at `remote_url`, whose entries are signed with `remote_secret`) behind a
+    bridge the engine can seed from and publish to."""
+    if remote_url and not remote_secret:
+        raise ValueError("store secret: a shared (remote) tier needs a secret to sign its entries")
     identity = ModelIdentity.create(cfg.to_dict(), weights_id, kv_dtype, page_size)
     disk = None
     if store_dir is not None and disk_bytes > 0:
         disk = DiskTier(
             disk_folder(store_dir, identity), identity.digest(), disk_bytes, disk_min_free_bytes
         )
-    remote = RedisTier(remote_url, identity.digest()) if remote_url else None
+    remote = RedisTier(remote_url, identity.digest(), remote_secret) if remote_url else None
     store = TieredStore(
         root_key(identity), page_size, gdn_interval, HostTier(host_bytes), disk, remote=remote
     )

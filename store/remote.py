@@ -5,6 +5,12 @@ same content keys, in a namespace per model identity (`flipjax:<identity>:<entry
 payloads do not depend on the layout, so a prefix one server computed in a pipeline layout is a
 hit for another in tensor parallel, on another machine, with identical tokens.
 
+Anyone who can write to that Redis could plant pages for popular prefixes (the first writer of a
+key wins), so every value is signed: an HMAC-SHA256, keyed by the store secret the servers
+share, over the entry's header and payload, in front of them. A value whose MAC does not verify
+is a counted miss (`forged`) that is never decoded; a signed value that fails the entry's own
+checks is `corrupt`, and deleted. A server without the secret has no remote tier at all.
+
 Writes go down as pipelined `SET NX`s (content keys: a present value is already right), reads as
 one `MGET`, and presence checks as one pipeline of `EXISTS`. Every value is verified; one that
 fails is a counted miss and is deleted. Redis being down, slow or restarted never fails a
@@ -16,6 +22,8 @@ threads, never the serving loop.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 import time
 from collections import Counter
@@ -31,6 +39,8 @@ from store.entry import CorruptEntry, Kind, decode, encode
 from store.keys import entry_name
 
 T = TypeVar("T")
+MAC_BYTES = 32  # HMAC-SHA256
+MIN_SECRET_BYTES = 16
 
 
 class RedisTier:
@@ -38,6 +48,7 @@ class RedisTier:
         self,
         url: str,
         identity: bytes,
+        secret: bytes,
         timeout_s: float = 0.5,
         backoff_s: tuple[float, float] = (0.5, 30.0),
         clock: Callable[[], float] = time.monotonic,
@@ -45,6 +56,12 @@ class RedisTier:
         parts = urlsplit(url)
         if parts.scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"remote store: {url!r} is not a redis:// URL")
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"store secret: at least {MIN_SECRET_BYTES} bytes are needed to sign the shared "
+                f"tier's entries, got {len(secret)}"
+            )
+        self._secret = secret
         self.name = "remote"
         self.url = f"{parts.scheme}://{parts.hostname or ''}:{parts.port or 6379}{parts.path}"
         self.identity = identity
@@ -75,7 +92,11 @@ class RedisTier:
         def send() -> list[bool]:
             pipe = self._client.pipeline(transaction=False)
             for key, kind, payload in items:
-                pipe.set(self._key(key, kind), encode(kind, self.identity, key, payload), nx=True)
+                pipe.set(
+                    self._key(key, kind),
+                    self._sign(encode(kind, self.identity, key, payload)),
+                    nx=True,
+                )
             pipe.execute()
             return [True] * len(items)
 
@@ -94,20 +115,25 @@ class RedisTier:
         names = [self._key(key, kind) for key, kind in items]
         values = self._call("get", lambda: self._client.mget(names), [None] * len(items))
         out: list[bytes | None] = []
-        bad = []
+        bad, forged = [], 0
         for (key, kind), name, value in zip(items, names, values, strict=True):
             payload = None
             if value is not None:
-                try:
-                    payload = decode(value, self.identity, key, kind)
-                except CorruptEntry as e:
-                    bad.append(name)
-                    self.last_error = f"{name}: {e}"
+                blob = self._verified(value)
+                if blob is None:
+                    forged += 1
+                    self.last_error = f"{name}: its MAC does not verify under the store secret"
+                else:
+                    try:
+                        payload = decode(blob, self.identity, key, kind)
+                    except CorruptEntry as e:
+                        bad.append(name)
+                        self.last_error = f"{name}: {e}"
             out.append(payload)
         hits = [p for p in out if p is not None]
         self._count(
             checked=len(items), hits=len(hits), misses=len(items) - len(hits), corrupt=len(bad),
-            bytes_read=sum(len(p) for p in hits),
+            forged=forged, bytes_read=sum(len(p) for p in hits),
         )  # fmt: skip
         if bad:
             self._call("delete", lambda: self._client.delete(*bad), 0)
@@ -157,6 +183,17 @@ class RedisTier:
         self._client.close()
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _sign(self, blob: bytes) -> bytes:
+        return hmac.new(self._secret, blob, hashlib.sha256).digest() + blob
+
+    def _verified(self, value: bytes) -> bytes | None:
+        """The entry a signed value carries, or None when its MAC does not verify."""
+        if len(value) < MAC_BYTES:
+            return None
+        mac, blob = value[:MAC_BYTES], value[MAC_BYTES:]
+        want = hmac.new(self._secret, blob, hashlib.sha256).digest()
+        return blob if hmac.compare_digest(mac, want) else None
 
     def _key(self, key: bytes, kind: Kind) -> str:
         return self.prefix + entry_name(key, gdn=kind == Kind.GDN_ANCHOR)

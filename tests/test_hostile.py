@@ -13,6 +13,7 @@ import threading
 import httpx
 import pytest
 
+from serve.protocol.sampling import MAX_UNKNOWN_FIELD_NAMES, OTHER_FIELDS
 from tests.servers import SMALL, metric, start_server, stop_server
 
 MAX_BODY = 65536  # the test server's --max-request-bytes (the default is 16 MiB)
@@ -109,3 +110,14 @@ def test_admin_routes_without_a_key_are_off(server):
         assert r.status_code == 403, (route, r.text)
         assert "--admin-api-key" in r.json()["error"]["message"]
     assert httpx.get(f"{server}/health", timeout=30).status_code == 200
+
+
+def test_unknown_field_names_cannot_grow_the_metrics_without_bound(server):
+    junk = {f"junk_{i}": 1 for i in range(2 * MAX_UNKNOWN_FIELD_NAMES)}
+    r = httpx.post(f"{server}/v1/completions", json=_completion(**junk), timeout=60)
+    assert r.status_code == 200
+    text = httpx.get(f"{server}/metrics", timeout=30).text
+    labels = [line for line in text.splitlines()
+              if line.startswith("flipjax:unknown_request_fields_total{")]  # fmt: skip
+    assert len(labels) == MAX_UNKNOWN_FIELD_NAMES + 1
+    assert metric(server, f'flipjax:unknown_request_fields_total{{field="{OTHER_FIELDS}"}}') > 0

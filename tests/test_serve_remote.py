@@ -1,10 +1,11 @@
 """Two server processes in different layouts share prefixes through one real `redis-server`:
 what the pipeline server computed, the tensor-parallel one reads, with identical tokens. Redis
 killed mid-run fails no request and changes no token; it comes back by itself when Redis does.
-A corrupted value is then a counted miss."""
+A changed value, whose MAC no longer verifies, is then a counted miss."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import httpx
@@ -53,10 +54,15 @@ def settled(count, quiet_s: float = 1.0) -> int:
     return last
 
 
+SECRET = "the servers' shared store secret"
+
+
 def test_two_servers_in_different_layouts_share_one_redis_through_an_outage(tmp_path):
     redis = RedisServer(str(tmp_path)).start()
-    flags = ("--store-dir", "none", "--remote-store", redis.url, *GRID, *SMALL, INSECURE_ADMIN,
-             "--prefetch-wait-ms", "30000")  # fmt: skip
+    flags = (
+        *("--store-dir", "none", "--remote-store", redis.url, "--store-secret", SECRET),
+        *(*GRID, *SMALL, INSECURE_ADMIN, "--prefetch-wait-ms", "30000"),
+    )
     with open(tmp_path / "pp.txt", "w") as a_log, open(tmp_path / "tp.txt", "w") as b_log:
         a, a_base = start_server(a_log, "--layout", "pp:5,3", *flags)
         b, b_base = start_server(b_log, "--layout", "tp:2", *flags)
@@ -105,8 +111,24 @@ def test_two_servers_in_different_layouts_share_one_redis_through_an_outage(tmp_
         again = complete(b_base, fresh)  # no hit from bad bytes: computed, the same tokens
         assert cached(again) == 0
         assert again["choices"][0]["token_ids"] == first["choices"][0]["token_ids"]
-        assert store_event(b_base, "corrupt") >= 1 and remote_hits(b_base) == hits_before
+        # A changed byte breaks the entry's MAC: a forged value, a miss never decoded.
+        assert store_event(b_base, "forged") >= 1 and remote_hits(b_base) == hits_before
     finally:
         for proc in (a, b):
             stop_server(proc)
         redis.kill()
+
+
+def test_without_the_store_secret_the_shared_tier_is_neither_read_nor_written(monkeypatch,
+                                                                              caplog):  # fmt: skip
+    from flipjax.serve import _open_store, parse_args
+
+    monkeypatch.delenv("FLIPJAX_STORE_SECRET", raising=False)
+    args = parse_args(["--store-dir", "none", "--remote-store", "redis://127.0.0.1:9/0"])
+    with caplog.at_level(logging.WARNING):
+        bridge, _, _ = _open_store(args, logging.getLogger("flipjax.serve"))
+    assert bridge.store.remote is None
+    assert "is off: without --store-secret" in caplog.text
+    bridge.store.close()
+    monkeypatch.setenv("FLIPJAX_STORE_SECRET", SECRET)
+    assert parse_args(["--remote-store", "redis://127.0.0.1:9/0"]).store_secret == SECRET

@@ -4,16 +4,20 @@ ends by itself; then two stores sharing one Redis, as two servers would."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 import pytest
 
-from store.entry import Kind
+from store.entry import Kind, encode
 from store.host import HostTier
 from store.keys import entry_name, page_keys
-from store.remote import RedisTier
+from store.remote import MAC_BYTES, RedisTier
 from store.tiered import TieredStore
 from tests.redis_server import RedisServer
 
 IDENTITY = bytes(range(32))
+SECRET = b"the servers' shared store secret"
 ROOT = bytes(32)
 PS, GRID = 4, 8
 TOKENS = list(range(24))
@@ -35,7 +39,7 @@ def server(tmp_path):
 
 
 def test_round_trip_in_batches(server):
-    tier = RedisTier(server.url, IDENTITY)
+    tier = RedisTier(server.url, IDENTITY, SECRET)
     items = [(bytes([i]) * 32, Kind.KV_PAGE, b"page %d" % i) for i in range(10)]
     assert tier.put_many(items) == [True] * 10
     names = [(k, kind) for k, kind, _ in items]
@@ -48,14 +52,37 @@ def test_round_trip_in_batches(server):
     tier.close()
 
 
-def test_a_corrupted_value_is_a_counted_miss(server):
-    tier = RedisTier(server.url, IDENTITY)
+def _signed(secret: bytes, blob: bytes) -> bytes:
+    return hmac.new(secret, blob, hashlib.sha256).digest() + blob
+
+
+def test_a_forged_value_is_a_counted_miss_even_with_a_right_checksum(server):
+    """Anyone who can write to the Redis can frame an entry with a correct xxh3 checksum; only
+    the secret makes a MAC that verifies. Such values are misses, never decoded nor deleted."""
+    tier = RedisTier(server.url, IDENTITY, SECRET)
     key = b"k" * 32
     tier.put(key, Kind.KV_PAGE, b"abcdefgh")
     name = f"flipjax:{IDENTITY.hex()[:32]}:{entry_name(key)}"
-    raw = bytearray(server.client().get(name))
-    raw[-1] ^= 0x01  # one flipped bit in the payload
-    server.client().set(name, bytes(raw))
+    signed = server.client().get(name)
+    forged = encode(Kind.KV_PAGE, IDENTITY, key, b"ABCDEFGH")  # framed and checksummed
+    for value in (signed[:MAC_BYTES] + forged, _signed(b"some other secret, 32 bytes", forged),
+                  forged, b"short"):  # fmt: skip
+        server.client().set(name, value)
+        assert tier.get(key, Kind.KV_PAGE) is None
+    assert tier.counters["forged"] == 4 and tier.counters["corrupt"] == 0
+    assert "MAC" in tier.last_error
+    assert server.client().exists(name)  # not this server's to delete
+    tier.close()
+
+
+def test_a_signed_but_corrupted_value_is_a_counted_miss_and_deleted(server):
+    tier = RedisTier(server.url, IDENTITY, SECRET)
+    key = b"k" * 32
+    tier.put(key, Kind.KV_PAGE, b"abcdefgh")
+    name = f"flipjax:{IDENTITY.hex()[:32]}:{entry_name(key)}"
+    raw = bytearray(server.client().get(name)[MAC_BYTES:])
+    raw[-1] ^= 0x01  # one flipped bit in the payload, by a writer that holds the secret
+    server.client().set(name, _signed(SECRET, bytes(raw)))
     assert tier.get(key, Kind.KV_PAGE) is None
     assert tier.counters["corrupt"] == 1 and tier.counters["misses"] == 1
     assert "checksum" in tier.last_error
@@ -63,9 +90,14 @@ def test_a_corrupted_value_is_a_counted_miss(server):
     tier.close()
 
 
+def test_a_short_secret_is_refused(server):
+    with pytest.raises(ValueError, match="store secret: at least 16 bytes"):
+        RedisTier(server.url, IDENTITY, b"short")
+
+
 def test_an_outage_fails_nothing_backs_off_and_ends_by_itself(server):
     clock = Clock()
-    tier = RedisTier(server.url, IDENTITY, timeout_s=0.5, backoff_s=(1.0, 8.0), clock=clock)
+    tier = RedisTier(server.url, IDENTITY, SECRET, timeout_s=0.5, backoff_s=(1.0, 8.0), clock=clock)
     key = b"a" * 32
     assert tier.put(key, Kind.KV_PAGE, b"before")
     server.kill()
@@ -89,7 +121,7 @@ def test_an_outage_fails_nothing_backs_off_and_ends_by_itself(server):
 def test_a_server_that_is_down_at_start_comes_up_later(tmp_path):
     down = RedisServer(str(tmp_path))  # not started
     clock = Clock()
-    tier = RedisTier(down.url, IDENTITY, backoff_s=(1.0, 8.0), clock=clock)
+    tier = RedisTier(down.url, IDENTITY, SECRET, backoff_s=(1.0, 8.0), clock=clock)
     assert not tier.available and tier.counters["went_down"] == 1
     down.start()
     clock.now += 1.0
@@ -99,7 +131,7 @@ def test_a_server_that_is_down_at_start_comes_up_later(tmp_path):
 
 
 def _store(url: str) -> TieredStore:
-    return TieredStore(ROOT, PS, GRID, HostTier(1 << 20), remote=RedisTier(url, IDENTITY))
+    return TieredStore(ROOT, PS, GRID, HostTier(1 << 20), remote=RedisTier(url, IDENTITY, SECRET))
 
 
 def test_two_stores_share_prefixes_through_redis(server):

@@ -19,6 +19,10 @@ from serve.errors import refusal
 
 log = logging.getLogger("flipjax.serve")
 UNKNOWN_FIELDS: Counter[str] = Counter()  # field name -> requests that sent it
+# Names come from clients, so only this many get a label (and a log line) of their own; the
+# rest count under OTHER_FIELDS, which keeps /metrics and this counter bounded.
+MAX_UNKNOWN_FIELD_NAMES = 32
+OTHER_FIELDS = "(other)"
 
 
 def bounded(name: str, default: Any) -> Any:
@@ -40,8 +44,11 @@ class Lenient(BaseModel):
     @model_validator(mode="after")
     def _count_unknown(self) -> Lenient:
         for name in self.model_extra or {}:
-            if not UNKNOWN_FIELDS[name]:
-                log.warning("ignoring request field %r, which flipjax does not know", name)
+            if name not in UNKNOWN_FIELDS:
+                if len(UNKNOWN_FIELDS) >= MAX_UNKNOWN_FIELD_NAMES:
+                    name = OTHER_FIELDS
+                else:
+                    log.warning("ignoring request field %r, which flipjax does not know", name[:64])
             UNKNOWN_FIELDS[name] += 1
         return self
 
