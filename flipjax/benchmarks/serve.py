@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -25,6 +26,8 @@ import time
 from typing import Any
 
 import httpx
+
+ADMIN_KEY = secrets.token_hex(16)  # the server it starts flushes its cache on this key only
 
 SYSTEM_PROMPTS = 4
 
@@ -40,7 +43,7 @@ def _start(args: argparse.Namespace, store_dir: str, log: Any) -> tuple[subproce
     cmd = [
         sys.executable, "-m", "flipjax.serve", "--model", args.model, "--port", str(port),
         "--store-dir", store_dir, "--gdn-checkpoint-interval", "64",
-        "--max-prefill-tokens", "512", "--log-level", "warning",
+        "--max-prefill-tokens", "512", "--log-level", "warning", "--admin-api-key", ADMIN_KEY,
         *(["--disable-overlap-schedule"] if args.disable_overlap_schedule else []),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
             long_prompt = "".join(chr(97 + (i * 7) % 26) for i in range(args.long))
             cold = asyncio.run(_one(base, args.served, long_prompt))
             device = asyncio.run(_one(base, args.served, long_prompt))
-            httpx.post(f"{base}/flush_cache", timeout=60).raise_for_status()
+            admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+            httpx.post(f"{base}/flush_cache", headers=admin, timeout=60).raise_for_status()
             host = asyncio.run(_one(base, args.served, long_prompt))
         finally:
             proc.terminate()
