@@ -291,11 +291,31 @@ def test_a_per_file_store_folder_is_migrated(tmp_path):
     for i in range(3):
         blob = encode(Kind.KV_PAGE, IDENTITY, key(i), payload_for(key(i)))
         (old / key(i).hex()).write_bytes(blob)
-    (old / key(9).hex()).write_bytes(b"torn")
+    (old / key(9).hex()).write_bytes(blob[:50])  # the store's, torn
     tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
     assert tier.counters["migrated"] == 3 and tier.counters["migration_skipped"] == 1
     assert all(tier.get(key(i), Kind.KV_PAGE) == payload_for(key(i)) for i in range(3))
     assert not (tmp_path / "entries").exists()
+
+
+def test_a_migration_deletes_only_files_the_store_wrote(tmp_path):
+    """A folder named as a storage backend may hold anything: files that are not the store's
+    entries or temp files, even under its folder names, are left where they are."""
+    old = tmp_path / "entries" / "ab"
+    old.mkdir(parents=True)
+    (old / key(0).hex()).write_bytes(encode(Kind.KV_PAGE, IDENTITY, key(0), payload_for(key(0))))
+    foreign = {old / "notes.txt": b"keep me", old / key(1).hex(): b"named like an entry",
+               tmp_path / "tmp" / "important.db": b"keep me too"}  # fmt: skip
+    (tmp_path / "tmp").mkdir()
+    stale = tmp_path / "tmp" / f"{'0' * 32}.part"  # the former layout's temp file
+    stale.write_bytes(b"half a write")
+    for path, data in foreign.items():
+        path.write_bytes(data)
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert tier.counters["migrated"] == 1 and tier.counters["migration_left_foreign"] == 2
+    assert all(path.read_bytes() == data for path, data in foreign.items())
+    assert not stale.exists() and not (old / key(0).hex()).exists()
+    assert tier.get(key(0), Kind.KV_PAGE) == payload_for(key(0))
 
 
 def test_clear_keeps_what_is_pinned_and_stays_cleared_after_a_restart(tmp_path):
