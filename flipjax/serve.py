@@ -288,9 +288,10 @@ def _open_store(args: argparse.Namespace, log: logging.Logger) -> tuple[Any, Any
     log.info(
         "session checkpoints: %d loaded from %s", len(book.list()), book.folder or "memory only"
     )
+    root = args.store_root or (None if store_dir is None else os.path.dirname(store_dir))
     control = StoreControl(
         identity.digest(), None if store_dir is None else where,
-        int(args.disk_min_free_gb * 2**30),
+        int(args.disk_min_free_gb * 2**30), root,
     )  # fmt: skip
     return bridge, book, control
 

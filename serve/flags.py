@@ -35,6 +35,13 @@ def add_access_arguments(p: argparse.ArgumentParser) -> None:
         "localhost, 127.0.0.1, ::1 and --host)",
     )
     g.add_argument(
+        "--store-root",
+        default=None,
+        metavar="DIR",
+        help="the folder every storage backend a request attaches must lie under "
+        "(default: --store-dir's parent)",
+    )
+    g.add_argument(
         "--max-n",
         type=int,
         default=DEFAULT_MAX_N,

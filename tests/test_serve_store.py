@@ -85,6 +85,12 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
         assert r.status_code == 409 and "no disk tier" in r.json()["error"]["message"]
         r = httpx.post(f"{route}/resize", json={"disk_gb": 1}, timeout=30)
         assert r.status_code == 409
+        outside = tmp_path.parent / f"{tmp_path.name}-outside"  # beside --store-dir's parent
+        (outside / "entries").mkdir(parents=True)
+        (outside / "entries" / "notes.txt").write_text("not the store's")
+        r = httpx.put(route, json={"disk_gb": 1, "dir": str(outside)}, timeout=30)
+        assert r.status_code == 400 and "not under --store-root" in r.json()["error"]["message"]
+        assert (outside / "entries" / "notes.txt").read_text() == "not the store's"
         r = httpx.put(route, json={"disk_gb": 1}, timeout=30)
         assert r.status_code == 200 and r.json()["disk"]["dir"] == folder
         r = httpx.put(route, json={"disk_gb": 1}, timeout=30)

@@ -74,6 +74,10 @@ async def attach(req: AttachRequest, state: State) -> dict[str, Any]:
     folder = req.dir or control.folder
     if folder is None:
         raise bad_request("dir: no disk folder known; give one", "dir")
+    try:
+        folder = control.allowed(folder)
+    except ValueError as err:
+        raise bad_request(str(err), "dir") from None
 
     def attach_disk() -> None:
         if store.disk is not None:
