@@ -17,7 +17,8 @@ from flipjax.engine.pilot import Autopilot
 from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import install_handlers
-from serve.limits import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES, BodyLimit
+from serve.flags import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
+from serve.limits import BodyLimit
 from serve.routes import admin, chat, completions, info, sessions, store
 from serve.state import ServerState
 from serve.store_control import StoreControl

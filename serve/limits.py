@@ -11,9 +11,6 @@ from __future__ import annotations
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve.errors import APIError, error_response
-from serve.flags import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
-
-__all__ = ["DEFAULT_MAX_N", "DEFAULT_MAX_REQUEST_BYTES", "BodyLimit", "check_choices"]
 
 
 class BodyLimit:

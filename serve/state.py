@@ -15,7 +15,7 @@ from flipjax.runtime.grammar import GrammarCompiler
 from serve.chat_template import ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import APIError
-from serve.limits import DEFAULT_MAX_N
+from serve.flags import DEFAULT_MAX_N
 from serve.metrics import Metrics
 from serve.store_control import StoreControl
 
