@@ -46,7 +46,7 @@ if os.environ.get("FLIPJAX_TEST_XLA_CACHE_OWNER") is None:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["FLIPJAX_TEST_XLA_CACHE_OWNER"] = str(os.getpid())
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import jax  # noqa: E402

@@ -33,6 +33,7 @@ from tests.test_openai_checkpoint import byte_tokenizer
 HEARTBEAT_S = 3  # the served cluster's, so that a lost process is noticed quickly
 START_HEARTBEAT_S = 10  # the rest: a loaded machine must not make a process look lost
 PAGE, GRID = 16, 32
+DEVICE_COUNT = "--xla_force_host_platform_device_count"
 ENGINE = dict(max_running_requests=4, max_prefill_tokens=64, num_pages=64, page_size=PAGE)
 FLAGS = (
     "--max-running-requests", "4", "--max-prefill-tokens", "64", "--num-pages", "64",
@@ -54,13 +55,18 @@ def checkpoint(tmp_path_factory) -> str:
     return str(folder)
 
 
+def two_devices(xla_flags: str) -> str:
+    """The session's XLA flags (its cheaper compiles, its rendezvous bound) with two devices."""
+    kept = [f for f in xla_flags.split() if not f.startswith(DEVICE_COUNT)]
+    return " ".join([*kept, f"{DEVICE_COUNT}=2"])
+
+
 def launch(log_dir, checkpoint: str, *flags: str, per_process=None,
            command=("flipjax.serve", "--model"),
            heartbeat_s: int = START_HEARTBEAT_S) -> list[subprocess.Popen]:  # fmt: skip
     """Two processes of one cluster, each with two CPU devices; `per_process(i)` adds flags."""
     coordinator = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "XLA_FLAGS": two_devices(os.environ["XLA_FLAGS"])}
     procs = []
     for i in range(2):
         extra = per_process(i) if per_process else ()
