@@ -189,9 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(
         engine, args.host, args.api_key, args.admin_api_key, template, control, autopilot,
         args.served_model_name or [args.model], args.reasoning_parser,
-        not args.disable_any_whitespace, max_n=args.max_n,
-        max_request_bytes=args.max_request_bytes,
+        not args.disable_any_whitespace, max_n=args.max_n, max_request_bytes=args.max_request_bytes,
         allow_insecure_admin=args.allow_insecure_admin, allowed_hosts=args.allowed_hosts,
+        grammar_timeout_s=args.grammar_timeout_s,
     )  # fmt: skip
     if args.admin_api_key is None and not args.allow_insecure_admin:
         log.info("admin routes: disabled (no --admin-api-key)")

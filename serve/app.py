@@ -17,7 +17,7 @@ from flipjax.engine.pilot import Autopilot
 from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import install_handlers
-from serve.flags import DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
+from serve.flags import DEFAULT_GRAMMAR_TIMEOUT_S, DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
 from serve.limits import BodyLimit
 from serve.routes import admin, chat, completions, info, sessions, store
 from serve.state import ServerState
@@ -40,6 +40,7 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     allow_insecure_admin: bool = False,
     allowed_hosts: list[str] | None = None,
+    grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S,
 ) -> FastAPI:
     app = FastAPI(title="flipjax", version=version("flipjax"))
     loop = EngineLoop(engine, autopilot)
@@ -49,6 +50,7 @@ def create_app(
     )  # fmt: skip
     state = app.state.server
     state.max_n, state.allow_insecure_admin = max_n, allow_insecure_admin
+    state.grammar_timeout_s = grammar_timeout_s
     if allowed_hosts is not None:
         state.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
     app.add_middleware(BodyLimit, max_bytes=max_request_bytes)

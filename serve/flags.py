@@ -10,6 +10,9 @@ import os
 # modules load (a module that installs a root log handler first would silence flipjax's logs).
 DEFAULT_MAX_REQUEST_BYTES = 16 << 20  # vLLM has none; 16 MiB holds any prompt the context fits
 DEFAULT_MAX_N = 16  # vLLM's OpenAI server has none; OpenAI's API refuses n above 128
+# vLLM has none. Schemas within the spec bounds compile in well under a second; this is for a
+# compile slowed by a loaded machine or by a grammar the bounds do not catch.
+DEFAULT_GRAMMAR_TIMEOUT_S = 30.0
 
 
 def add_access_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,6 +55,13 @@ def add_access_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="largest request body; a larger one is a 413 before it is parsed",
+    )
+    g.add_argument(
+        "--grammar-timeout-s",
+        type=float,
+        default=DEFAULT_GRAMMAR_TIMEOUT_S,
+        help="how long a request waits for its structured-output grammar to compile; past it "
+        "the request is a 400 (the compile finishes, and is cached, on its own threads)",
     )
     g.add_argument(
         "--store-secret",

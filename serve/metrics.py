@@ -146,7 +146,7 @@ class Metrics:
         """Refresh the counters the HTTP layer keeps: ignored fields, grammar compiles."""
         for name, total in unknown.items():
             self._advance(self.unknown_fields.labels(name), total)
-        for event in ("compiled", "hits", "refused"):
+        for event in ("compiled", "hits", "shared", "refused", "too_large", "busy", "timed_out"):
             self._advance(self.grammars.labels(event), grammars.get(event, 0))
 
     def _advance(self, counter: Any, total: int) -> None:

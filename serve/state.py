@@ -15,7 +15,7 @@ from flipjax.runtime.grammar import GrammarCompiler
 from serve.chat_template import ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import APIError
-from serve.flags import DEFAULT_MAX_N
+from serve.flags import DEFAULT_GRAMMAR_TIMEOUT_S, DEFAULT_MAX_N
 from serve.metrics import Metrics
 from serve.store_control import StoreControl
 
@@ -37,6 +37,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     grammars: GrammarCompiler | None = None  # built on the first structured request
     grammar_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S  # a request waits this for its compile
     max_n: int = DEFAULT_MAX_N  # choices per request (n, best_of)
     # Admin routes without an admin key: refused unless the operator opts in.
     allow_insecure_admin: bool = False

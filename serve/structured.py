@@ -4,7 +4,9 @@ A request names at most one of: `response_format` (`json_object`, or `json_schem
 schema), vLLM's `guided_json`, `guided_regex`, `guided_choice` or `guided_grammar`, or the same
 in `structured_outputs`. The grammar compiles on a worker thread (cached by spec, so a schema
 many requests share compiles once); the engine thread only fills each step's token bitmask.
-An invalid spec is a 400 naming its field.
+An invalid spec is a 400 naming its field, and so is one too large or too deep to compile in
+bounded time, or one whose compile outlasts `ServerState.grammar_timeout_s`; a compiler with
+too many compiles pending answers 503.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from flipjax.runtime.constraint import TokenConstraint
-from flipjax.runtime.grammar import GrammarCompiler
-from serve.errors import bad_request, refusal
+from flipjax.runtime.grammar import GrammarBusy, GrammarCompiler
+from serve.errors import APIError, bad_request, refusal
 from serve.protocol.sampling import SamplingFields
 from serve.state import ServerState
 
@@ -51,10 +53,20 @@ def specs_of(req: SamplingFields) -> list[Spec]:
 async def compile_spec(state: ServerState, spec: Spec) -> Callable[[], TokenConstraint]:
     """A maker of fresh constraints (one per request) for `spec`, compiled off the loop."""
     compiler = await _compiler(state)
+    field = spec[2]
     try:
-        compiled = await asyncio.to_thread(compiler.compile, *spec)
+        # The compile runs on in the compiler's threads if this request gives up on it: its
+        # C++ cannot be interrupted, and its result is cached for the next request.
+        future = asyncio.wrap_future(compiler.submit(*spec))
+        compiled = await asyncio.wait_for(asyncio.shield(future), state.grammar_timeout_s)
     except ValueError as err:
         raise refusal(err) from None
+    except GrammarBusy as err:
+        raise APIError(503, str(err), field, "server_busy") from None
+    except TimeoutError:
+        compiler.counters["timed_out"] += 1
+        message = f"{field}: the grammar did not compile within {state.grammar_timeout_s:g} s"
+        raise bad_request(message, field) from None
     return lambda: compiler.constraint(compiled)
 
 

@@ -9,9 +9,13 @@ unwinder, and the SIGSEGV handler of xgrammar's apache-tvm-ffi deadlocked on the
 Now a worker drops its programs between files when it nears the limit (below), a fault ends
 its process with a report (`flipjax.runtime.fault_handlers`), and every test is bounded.
 
-No process here writes a persistent compilation cache: the workers and servers would share one
-folder, and the suite fits its budget without it. `test_compile_counter.py` checks the cache's
-accounting in a process of its own.
+One persistent compilation cache serves the run: a folder the controlling process makes and
+removes, which the workers and every server or cluster process they start share, so a program
+compiled by one of them is loaded by the others. It caches every program, however quick to
+compile (the suite measured 504 s against 610 s with a 0.5 s floor, back to back on one
+machine), and has no size bound, under which jax would take a file lock and rescan the folder
+on each write (that cost 35%). `test_compile_counter.py` checks the cache's accounting in a
+process of its own.
 """
 
 import atexit
@@ -46,7 +50,7 @@ if os.environ.get("FLIPJAX_TEST_XLA_CACHE_OWNER") is None:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["FLIPJAX_TEST_XLA_CACHE_OWNER"] = str(os.getpid())
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 import jax  # noqa: E402

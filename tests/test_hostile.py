@@ -15,6 +15,7 @@ import pytest
 
 from serve.protocol.sampling import MAX_UNKNOWN_FIELD_NAMES, OTHER_FIELDS
 from tests.servers import SMALL, metric, start_server, stop_server
+from tests.test_grammar_bounds import nested_array_schema
 
 MAX_BODY = 65536  # the test server's --max-request-bytes (the default is 16 MiB)
 STREAM = {"model": "tiny", "prompt": "a stream beside the hostile requests", "max_tokens": 48,
@@ -63,6 +64,8 @@ REFUSED = [
     ({"stop": ["x" * 257]}, 400, "stop", "at most 256 bytes"),
     ({"logprobs": 21}, 400, "logprobs", "less than or equal to 20"),
     ({"max_tokens": 10**9}, 400, "max_tokens", "exceed the context"),
+    ({"guided_json": nested_array_schema(100)}, 400, "guided_json", "at most 64"),
+    ({"guided_regex": "(" * 80 + ")" * 80}, 400, "guided_regex", "80 levels deep"),
 ]
 
 

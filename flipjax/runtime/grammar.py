@@ -18,6 +18,7 @@ import json
 import re
 import threading
 from collections import Counter, OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,14 @@ KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 # unbounded JSON strings (which exclude U+0000..U+001F, as RFC 8259 requires).
 _LOOSE_CHAR = r'[^\"\\\r\n]'
 _JSON_CHAR = r'[^\0-\x1f\"\\\r\n]'
+# A spec's text, and how deeply its objects, arrays and groups nest. xgrammar's compile time
+# grows about cubically with a schema's depth (450 levels: 19 s; 2000: minutes), and its C++ code
+# cannot be interrupted, so a spec past these is refused before it compiles. Real schemas are a
+# few KiB and nest under 20 levels; vLLM and OpenAI state no limit.
+MAX_SPEC_BYTES = 64 << 10
+MAX_SPEC_DEPTH = 64
+# Compiles queued or running at once; one more is refused (busy) rather than queued unseen.
+MAX_PENDING_COMPILES = 16
 
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
@@ -54,9 +63,57 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
     raise ValueError("response_format: structured output needs the checkpoint's tokenizer.json")
 
 
+class GrammarBusy(RuntimeError):
+    """More compiles are pending than the compiler takes; the request may come back later."""
+
+
+def spec_text(spec: Any) -> str:
+    return spec if isinstance(spec, str) else json.dumps(spec)
+
+
+def nesting_depth(text: str) -> int:
+    """How deeply brackets ({[ nest in `text`, outside double-quoted strings and escapes: a
+    JSON schema's objects and arrays, a regex's or an EBNF grammar's groups. A scan, not a
+    parse, so no depth overflows Python's stack."""
+    depth = deepest = 0
+    quoted = escaped = False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif ch in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def check_spec(text: str, kind: str, field: str) -> None:
+    """ValueError naming `field` and the limit when a spec is too large or too deep to compile
+    in bounded time."""
+    size = len(text.encode())
+    if size > MAX_SPEC_BYTES:
+        raise ValueError(f"{field}: the {kind} spec is {size} bytes; at most {MAX_SPEC_BYTES}")
+    depth = nesting_depth(text)
+    if depth > MAX_SPEC_DEPTH:
+        raise ValueError(
+            f"{field}: the {kind} spec nests {depth} levels deep; at most {MAX_SPEC_DEPTH}"
+        )
+
+
 class GrammarCompiler:
+    """Compiles on its own threads (`submit`), apart from every other executor, so slow compiles
+    hold up only other compiles, and at most `max_pending` of those."""
+
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, any_whitespace: bool = True,
-                 capacity: int = 256, threads: int = 2):  # fmt: skip
+                 capacity: int = 256, threads: int = 2,
+                 max_pending: int = MAX_PENDING_COMPILES):  # fmt: skip
         self.vocab_size = vocab_size
         self.any_whitespace = any_whitespace
         # Without an end-of-sequence token a request ends when its grammar is complete.
@@ -67,18 +124,61 @@ class GrammarCompiler:
         )
         self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
-        self.counters: Counter[str] = Counter()  # compiled, hits, refused
+        self.counters: Counter[str] = Counter()  # compiled, hits, shared, refused, too_large, busy
+        self.max_pending = max_pending
+        # By spec and field, so that a refusal names the field its own request used.
+        self._pending: dict[tuple[str, str, str], Future[xgr.CompiledGrammar]] = {}
+        self._threads = ThreadPoolExecutor(threads, thread_name_prefix="flipjax-grammar")
 
     def compile(self, kind: str, spec: Any, field: str = "response_format") -> xgr.CompiledGrammar:
-        """The compiled grammar of `spec`; ValueError naming `field` when it is not valid."""
+        """The compiled grammar of `spec`, waiting for it; ValueError naming `field` when it is
+        not valid."""
+        return self.submit(kind, spec, field).result()
+
+    def submit(
+        self, kind: str, spec: Any, field: str = "response_format"
+    ) -> Future[xgr.CompiledGrammar]:
+        """The compiled grammar of `spec`, as a future: done at once when cached, shared with a
+        compile of the same spec in flight, else queued on the compiler's threads. A spec out
+        of bounds raises ValueError (naming `field`), and `GrammarBusy` when `max_pending`
+        compiles are already waiting; either way nothing is queued."""
         if kind not in KINDS:
             raise ValueError(f"{field}: unknown structured output kind {kind!r}")
+        if spec is not None:
+            try:
+                check_spec(spec_text(spec), kind, field)
+            except ValueError:
+                self.counters["too_large"] += 1
+                raise
         key = (kind, json.dumps(spec, sort_keys=True))
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 self.counters["hits"] += 1
-                return self._cache[key]
+                done: Future[xgr.CompiledGrammar] = Future()
+                done.set_result(self._cache[key])
+                return done
+            if (*key, field) in self._pending:
+                self.counters["shared"] += 1
+                return self._pending[(*key, field)]
+            if len(self._pending) >= self.max_pending:
+                self.counters["busy"] += 1
+                raise GrammarBusy(
+                    f"{field}: {len(self._pending)} grammars are compiling, the most this "
+                    f"server takes at once; try again shortly"
+                )
+            future = self._threads.submit(self._compile_cached, key, kind, spec, field)
+            self._pending[(*key, field)] = future
+        future.add_done_callback(lambda _: self._forget((*key, field)))
+        return future
+
+    def _forget(self, pending: tuple[str, str, str]) -> None:
+        with self._lock:
+            self._pending.pop(pending, None)
+
+    def _compile_cached(
+        self, key: tuple[str, str], kind: str, spec: Any, field: str
+    ) -> xgr.CompiledGrammar:
         try:
             compiled = self._compile(kind, spec)
         except (RuntimeError, ValueError, TypeError) as err:
@@ -95,8 +195,9 @@ class GrammarCompiler:
     def _compile(self, kind: str, spec: Any) -> xgr.CompiledGrammar:
         c = self._compiler
         if kind == "json":
-            schema = spec if isinstance(spec, str) else json.dumps(spec)
-            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=self.any_whitespace)
+            grammar = xgr.Grammar.from_json_schema(
+                spec_text(spec), any_whitespace=self.any_whitespace
+            )
             # xgrammar's length-bounded strings admit raw control characters, which strict
             # JSON parsers (Python's json.loads among them) refuse; its unbounded strings do not.
             return c.compile_grammar(str(grammar).replace(_LOOSE_CHAR, _JSON_CHAR))
