@@ -5,8 +5,9 @@ its own checksum, then the payload). `NNNNNN.idx` holds fixed 64-byte records, a
 the entries they describe are durable: a `PUT` says where an entry lies (segment, offset,
 length) with its CRC, a `DEAD` retires the entry at such a location (evicted, deleted or found
 corrupt). Every record carries its own CRC, so a torn tail (a crash mid-append) is recognised
-and cut off; bytes at a segment's tail that no record describes are an interrupted batch and
-are cut off too. An entry is visible only once its record is.
+and cut off, and a damaged record inside an index costs only itself; bytes at a segment's tail
+that no record describes are an interrupted batch and are cut off too. An entry is visible
+only once its record is.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from store import durable
 from store.entry import Kind
 
 RECORD = struct.Struct("<4sBBH32sIQII4x")  # magic, op, kind, 0, key, segment, offset, len, crc
@@ -71,23 +73,43 @@ def segment_ids(folder: str) -> list[int]:
 
 
 def read_index(folder: str, segment: int) -> tuple[list[Record], int]:
-    """The segment's whole records, and how many torn bytes followed them (cut off here)."""
+    """The segment's whole records, and how many of the file's bytes were not records. A
+    damaged record costs only itself: the scan resumes at the next place a record's magic
+    starts a valid record. Bytes past the last record (a torn tail) are cut off here."""
     path = idx_path(folder, segment)
     if not os.path.exists(path):
         return [], 0
     with open(path, "rb") as f:
         data = f.read()
-    records = []
-    for start in range(0, len(data) - RECORD_BYTES + 1, RECORD_BYTES):
-        record = unpack(data[start : start + RECORD_BYTES])
-        if record is None:
+    records: list[Record] = []
+    at, end = 0, 0
+    while at + RECORD_BYTES <= len(data):
+        record = unpack(data[at : at + RECORD_BYTES])
+        if record is not None:
+            records.append(record)
+            at = end = at + RECORD_BYTES
+            continue
+        at = data.find(MAGIC, at + 1)
+        if at < 0:
             break
-        records.append(record)
-    good = len(records) * RECORD_BYTES
-    if good < len(data):
+    whole = len(records) * RECORD_BYTES
+    if whole < end:  # damage between records: the file is rewritten without it, once
+        _replace(path, b"".join(r.pack() for r in records))
+    elif end < len(data):
         with open(path, "r+b") as f:
-            f.truncate(good)
-    return records, len(data) - good
+            f.truncate(end)
+    return records, len(data) - whole
+
+
+def _replace(path: str, data: bytes) -> None:
+    """Make `data` the file at `path`, atomically and durably."""
+    tmp = path + ".rewrite"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    durable.fsync_path(os.path.dirname(path) or ".")
 
 
 def cut_tail(folder: str, segment: int, end: int) -> int:

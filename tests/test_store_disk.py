@@ -330,3 +330,30 @@ def test_clear_keeps_what_is_pinned_and_stays_cleared_after_a_restart(tmp_path):
     again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
     assert [k for k, _ in again.entries()] == [key(7)]
     assert again.get(key(7), Kind.KV_PAGE) == payload_for(key(7))
+
+
+@pytest.mark.parametrize("damage", ["flipped", "inserted"])
+def test_a_damaged_index_record_costs_only_its_own_entry(tmp_path, damage):
+    """Bytes gone bad inside an index (a flipped bit, stray bytes between records): the records
+    after them still count, and the index is rewritten without the damage, once."""
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    for i in range(4):
+        tier.put(key(i), Kind.KV_PAGE, payload_for(key(i)))
+    path, _, _ = where(tier, key(0))
+    index = path[: -len(".seg")] + ".idx"
+    data = bytearray(open(index, "rb").read())
+    record = len(data) // 4
+    if damage == "flipped":  # the second record's key: its CRC no longer holds
+        data[record + 10] ^= 0x40
+        kept = [key(0), key(2), key(3)]
+    else:
+        data[record:record] = b"FJXI" + b"\x07" * 9  # a magic that starts no valid record
+        kept = [key(i) for i in range(4)]
+    with open(index, "wb") as f:
+        f.write(bytes(data))
+    again = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    assert [k for k, _ in again.entries()] == kept
+    assert all(again.get(k, Kind.KV_PAGE) == payload_for(k) for k in kept)
+    assert again.counters["incomplete_removed"] == 1
+    assert os.path.getsize(index) == len(kept) * record
+    assert DiskTier(str(tmp_path), IDENTITY, 1 << 30).counters["incomplete_removed"] == 0
