@@ -5,7 +5,8 @@ segment, makes them durable with one barrier, appends their index records, and m
 durable with a second: a crash leaves whole entries or bytes no record describes, which the
 next open cuts off. Only then does the batch become visible. Every read verifies the entry's
 header and checksum; a bad entry is copied to `quarantine/`, retired and counted, and the read
-is a miss, never wrong bytes. Eviction keeps the live bytes under the budget and the file system
+is a miss, never wrong bytes. An I/O error is retried, then a counted miss that keeps the
+entry: unreadable is not corrupt. Eviction keeps the live bytes under the budget and the file system
 above its free-space floor, least recently used first, passing over entries pinned by session
 checkpoints; a write that cannot fit is refused and counted. The space of evicted or deleted
 entries comes back by compaction: a sealed segment less than half live has its live entries
@@ -15,6 +16,7 @@ A folder in the former one-file-per-entry layout is migrated at open (`store.dis
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import threading
@@ -28,6 +30,8 @@ from store.entry import HEADER_BYTES, CorruptEntry, Kind, header, verify
 from store.keys import entry_name, parse_name
 from store.segment_log import Framed, SegmentLog
 from store.segments import PUT, Location
+
+log = logging.getLogger("flipjax.store")
 
 COMPACT_BELOW = 0.5  # a sealed segment with less than this share of live bytes is compacted
 
@@ -98,26 +102,7 @@ class DiskTier(StoreTier):
         return results
 
     def get(self, key: bytes, kind: Kind) -> bytes | None:
-        name = _name(key, kind)
-        with self._lock:
-            self.counters["checked"] += 1
-            at = self._index.entries.get(name)
-            if at is None:
-                self.counters["misses"] += 1
-                return None
-            self._index.entries.move_to_end(name)
-            head, payload = self._read(at)
-        try:
-            verify(head, payload, self.identity, key, kind)
-        except CorruptEntry as e:
-            self._reject(name, at, head + payload, str(e))
-            with self._lock:
-                self.counters["misses"] += 1
-            return None
-        with self._lock:
-            self.counters["hits"] += 1
-            self.counters["bytes_read"] += at.length
-        return payload
+        return self.get_many([(key, kind)])[0]
 
     def get_many(self, items: list[tuple[bytes, Kind]]) -> list[bytes | None]:
         """`get` of several entries (None for each miss), under one hold of the index."""
@@ -129,7 +114,8 @@ class DiskTier(StoreTier):
                 at = self._index.entries.get(name)
                 if at is not None:
                     self._index.entries.move_to_end(name)
-                reads.append(None if at is None else (name, at, *self._read(at)))
+                read = None if at is None else self._read(name, at)
+                reads.append(None if read is None else (name, at, *read))
         out: list[bytes | None] = []
         for (key, kind), read in zip(items, reads, strict=True):
             payload = None
@@ -278,12 +264,16 @@ class DiskTier(StoreTier):
             return True
         return False
 
-    def _read(self, at: Location) -> tuple[bytes, bytes]:
-        """An entry's header and payload; an I/O error reads as bytes that fail verification."""
+    def _read(self, name: str, at: Location) -> tuple[bytes, bytes] | None:
+        """An entry's header and payload; None (a counted `read_errors` miss) when an I/O error
+        outlasts the log's retries. The entry stays: bytes that cannot be read now are not
+        known to be bad, and a later read verifies them."""
         try:
             return self.log.read(at)
-        except OSError:
-            return b"", b""
+        except OSError as err:
+            self.counters["read_errors"] += 1
+            log.warning("disk store: reading %s failed: %s", name, err)
+            return None
 
     def _reject(self, name: str, at: Location, blob: bytes, reason: str) -> None:
         """Copy an entry that failed verification to `quarantine/` and retire it durably: a

@@ -9,6 +9,7 @@ describe them. The file formats are `store.segments`.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 from store import durable
@@ -26,6 +27,9 @@ from store.segments import (
 )
 
 Framed = tuple[bytes | memoryview, bytes | memoryview]  # an entry's header, then its payload
+# A read that fails with an I/O error is tried again after each of these pauses (a busy or
+# briefly unreachable disk) before the error is raised.
+READ_RETRY_PAUSES_S = (0.005, 0.05)
 
 
 class SegmentLog:
@@ -35,6 +39,7 @@ class SegmentLog:
         self.sizes: dict[int, int] = {}  # bytes written per segment
         self.tombs: dict[int, list[Record]] = {}  # the DEAD records each index file holds
         self.torn = 0  # replays that cut a torn index tail or unindexed entry bytes
+        self.read_retries = 0  # reads tried again after an I/O error
         self._fds: dict[int, int] = {}
         os.makedirs(folder, exist_ok=True)
 
@@ -112,10 +117,20 @@ class SegmentLog:
 
     def read(self, at: Location) -> tuple[bytes, bytes]:
         """The header and payload at `at`, as they are on disk (the caller verifies them). Two
-        reads, so the payload comes back without a copy."""
-        fd = self._fd(at.segment)
-        head = os.pread(fd, HEADER_BYTES, at.offset)
-        return head, os.pread(fd, max(0, at.length - HEADER_BYTES), at.offset + HEADER_BYTES)
+        reads, so the payload comes back without a copy. An I/O error is retried (after each
+        of `READ_RETRY_PAUSES_S`) before it is raised."""
+        for pause in (*READ_RETRY_PAUSES_S, None):
+            try:
+                fd = self._fd(at.segment)
+                head = os.pread(fd, HEADER_BYTES, at.offset)
+                body = os.pread(fd, max(0, at.length - HEADER_BYTES), at.offset + HEADER_BYTES)
+                return head, body
+            except OSError:
+                if pause is None:
+                    raise
+                self.read_retries += 1
+                time.sleep(pause)
+        raise AssertionError("unreachable")
 
     def read_many(self, locations: list[Location]) -> list[memoryview]:
         """The bytes at each location, in order; a run of adjacent ones is one read."""

@@ -78,6 +78,30 @@ def test_bad_entries_are_quarantined_misses(tmp_path, damage):
     assert want in tier.last_corruption
 
 
+def test_an_io_error_is_retried_and_never_taken_for_corruption(tmp_path, monkeypatch):
+    tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=1 << 30)
+    k = key(1)
+    tier.put(k, Kind.KV_PAGE, payload_for(k))
+    real, failures = os.pread, [2]
+
+    def flaky(fd: int, n: int, offset: int) -> bytes:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise OSError(5, "Input/output error")
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(log_module.os, "pread", flaky)
+    assert tier.get(k, Kind.KV_PAGE) == payload_for(k)  # two failures, then a good read
+    assert tier.log.read_retries == 2 and tier.counters["read_errors"] == 0
+    failures[0] = 10**6  # a disk that stays unreadable
+    assert tier.get(k, Kind.KV_PAGE) is None
+    assert tier.counters["read_errors"] == 1 and tier.counters["misses"] == 1
+    assert tier.counters["corrupt"] == 0 and not files_under(str(tmp_path / "quarantine"))
+    failures[0] = 0  # readable again: the entry was kept
+    assert tier.get_many([(k, Kind.KV_PAGE)]) == [payload_for(k)]
+    assert DiskTier(str(tmp_path), IDENTITY, 1 << 30).contains(k, Kind.KV_PAGE)
+
+
 def test_budget_is_never_exceeded_and_eviction_is_lru(tmp_path):
     size = len(payload_for(key(0))) + HEADER_BYTES
     tier = DiskTier(str(tmp_path), IDENTITY, budget_bytes=size * 3)
