@@ -2,8 +2,9 @@
 that keep what they reference.
 
 `create` refuses unless every page and the GDN anchor the checkpoint needs are in the store,
-pins them, and writes the manifest atomically (temporary file, fsync, rename, directory
-fsync), so a crash leaves a whole manifest or none. `load` checks every reference again before
+pins them, makes them durable on disk, and then writes the manifest atomically (temporary
+file, fsync, rename, directory fsync), so a crash leaves a whole manifest or none, and never
+one whose entries were still queued. `load` checks every reference again before
 anything is seeded, naming the first one missing. `delete` unpins. Opening a book over an
 existing folder re-pins what its manifests reference, so checkpoints survive restarts; a
 manifest that cannot be read (another model, an unknown version, corrupt) is counted and left
@@ -79,9 +80,13 @@ class CheckpointBook:
         cid = manifest.checkpoint_id
         with self._lock:
             if cid not in self._manifests:
-                self._pin(manifest)
-                if self.folder is not None:
-                    self._write(cid, manifest.to_bytes())
+                self._pin(manifest)  # first: nothing it needs is evicted while it is written
+                try:
+                    if self.folder is not None:
+                        self._persist(cid, manifest)
+                except BaseException:
+                    self._unpin(manifest)
+                    raise
                 self._manifests[cid] = manifest
                 self.counters["created"] += 1
         return summary(cid, manifest)
@@ -115,8 +120,7 @@ class CheckpointBook:
             manifest = self._manifests.pop(checkpoint_id, None)
             if manifest is None:
                 raise KeyError(f"checkpoint_id: {checkpoint_id!r} is not a checkpoint here")
-            for key, kind in _references(manifest):
-                self.store.unpin(key, kind)
+            self._unpin(manifest)
             if self.folder is not None:
                 os.remove(self._path(checkpoint_id))
                 fsync_path(self.folder)
@@ -144,6 +148,22 @@ class CheckpointBook:
     def _pin(self, manifest: Manifest) -> None:
         for key, kind in _references(manifest):
             self.store.pin(key, kind)
+
+    def _unpin(self, manifest: Manifest) -> None:
+        for key, kind in _references(manifest):
+            self.store.unpin(key, kind)
+
+    def _persist(self, checkpoint_id: str, manifest: Manifest) -> None:
+        """The entries the checkpoint references durable on disk, then its manifest: a crash
+        between the two leaves entries no manifest names, never a manifest without them."""
+        lost = _make_durable(self.store, _references(manifest))
+        if lost:
+            self.counters["not_durable"] += 1
+            raise CheckpointError(
+                f"checkpoint: {len(lost)} of its {len(_references(manifest))} store entries "
+                "could not be written to disk, so it would not survive a restart"
+            )
+        self._write(checkpoint_id, manifest.to_bytes())
 
     def _path(self, checkpoint_id: str) -> str:
         return os.path.join(self.folder, f"{checkpoint_id}.json")
@@ -202,3 +222,19 @@ def _sampling_dict(params: SamplingParams) -> dict[str, Any]:
     body = dict(vars(params))
     body["stop"], body["stop_token_ids"] = list(params.stop), list(params.stop_token_ids)
     return body
+
+
+def _make_durable(store: TieredStore, names: list[tuple[bytes, Kind]]) -> list[tuple[bytes, Kind]]:
+    """Bring each entry of `names` to the store's disk tier, durably: queued writes land first,
+    and one still only in host memory is written now. Returns those on no disk after that (no
+    disk tier, no room, or gone)."""
+    store.writes.flush()
+    disk = store.disk
+    if disk is None:
+        return list(names)
+    absent = [(k, kind) for k, kind in names if not disk.contains(k, kind)]
+    held = [(k, kind, store.host.get(k, kind)) for k, kind in absent]
+    items = [(k, kind, p) for k, kind, p in held if p is not None]
+    accepted = disk.put_many(items) if items else []
+    landed = {(k, kind) for (k, kind, _), ok in zip(items, accepted, strict=True) if ok}
+    return [name for name in absent if name not in landed]
