@@ -62,10 +62,7 @@ class DiskTier(StoreTier):
             place = self._index.place if r.op == PUT else self._index.unplace
             place(_name(r.key, r.kind), r.at)
         self.counters["incomplete_removed"] += self.log.torn
-        with self._write_lock:
-            with self._lock:
-                self._make_room(0)
-            self._commit([])
+        # No eviction yet: the checkpoints that pin entries load after the tier opens (`trim`).
         migrate_entries(self, os.path.join(root, "entries"))
 
     # -- StoreTier ------------------------------------------------------------------------------
@@ -167,9 +164,16 @@ class DiskTier(StoreTier):
     def resize(self, budget_bytes: int) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes: must be positive, got {budget_bytes}")
+        with self._lock:
+            self._budget = budget_bytes
+        self.trim()
+
+    def trim(self) -> None:
+        """Evict down to the budget and the free-space floor now, passing over pinned entries.
+        A tier opened over a fuller folder waits for this (or its first write), so that the
+        session checkpoints' pins are in place first."""
         with self._write_lock:
             with self._lock:
-                self._budget = budget_bytes
                 self._make_room(0)
             self._commit([])
 

@@ -172,6 +172,7 @@ class TieredStore:
             for (key, kind), n in self._pins.items():  # checkpoints keep their hold
                 for _ in range(n):
                     disk.pin(key, kind)
+        disk.trim()  # only now: the pins are in place
 
     def detach_disk(self) -> DiskTier | None:
         """Stop using the disk tier after its queued writes land; its files stay."""

@@ -5,21 +5,26 @@ opens the disk folder afresh, as a restart after a crash would, without flushing
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 
 import pytest
 
+from flipjax.model.tiny import tiny_config
 from flipjax.runtime.sampling import SamplingParams
 from store.checkpoints import CheckpointBook, CheckpointError, CheckpointState
 from store.disk import DiskTier
-from store.entry import Kind
+from store.entry import HEADER_BYTES, Kind
 from store.host import HostTier
 from store.keys import page_keys
+from store.open import open_checkpoints
+from store.open import open_store as open_server_store
 from store.tiered import TieredStore
-from tests.store_writer import IDENTITY, payload_for
+from tests.store_writer import IDENTITY
 
 ROOT, PAGE = b"\x02" * 32, 4
+ENTRY_BYTES = 4096 + HEADER_BYTES  # a payload and its header on disk
 TOKENS = list(range(12))  # three pages, the GDN anchor at the last
 
 
@@ -33,9 +38,13 @@ def references() -> list[tuple[bytes, Kind]]:
     return [(k, Kind.KV_PAGE) for k in keys] + [(keys[-1], Kind.GDN_ANCHOR)]
 
 
+def payload(key: bytes) -> bytes:
+    return hashlib.blake2b(key, digest_size=64).digest() * 64  # 4 KiB, its own per key
+
+
 def publish(store: TieredStore) -> None:
     for key, kind in references():
-        store.put(key, kind, payload_for(key + bytes([kind])))
+        store.put(key, kind, payload(key + bytes([kind])))
 
 
 def state() -> CheckpointState:
@@ -80,4 +89,50 @@ def test_a_checkpoint_the_disk_cannot_hold_is_refused_and_pins_nothing(tmp_path)
     assert book.list() == [] and os.listdir(tmp_path / "manifests") == []
     assert all(store.pinned(k, kind) == 0 for k, kind in references())
     assert book.counters["not_durable"] == 1 and book.counters["created"] == 0
+    store.close()
+
+
+def test_a_restart_with_a_smaller_disk_evicts_only_after_the_pins_are_loaded(tmp_path):
+    """The checkpoint's entries are the least recently used; a reopen whose disk budget holds
+    only a few entries keeps them, and evicts the newer ones no checkpoint needs."""
+
+    def reopen(disk_bytes: int):
+        bridge, identity = open_server_store(
+            tiny_config(), "w", "float32", PAGE, PAGE, 1 << 26, str(tmp_path), disk_bytes
+        )
+        return bridge.store, open_checkpoints(bridge, identity, str(tmp_path))
+
+    store, book = reopen(1 << 30)
+    keys = page_keys(store.root, TOKENS, PAGE)
+    for key in keys:
+        store.put(key, Kind.KV_PAGE, payload(key))
+    store.put(keys[-1], Kind.GDN_ANCHOR, payload(keys[-1]))
+    cid = book.create(state())["checkpoint_id"]
+    filler = page_keys(store.root, list(range(100, 140)), PAGE)
+    for key in filler:  # ten newer entries
+        store.put(key, Kind.KV_PAGE, payload(key))
+    store.close()
+
+    store, book = reopen(6 * ENTRY_BYTES)  # room for six entries
+    refs = book.references(cid)
+    assert [store.disk.contains(k, kind) for k, kind in refs] == [True] * 4
+    assert sum(store.disk.contains(k, Kind.KV_PAGE) for k in filler) <= 2
+    assert store.disk.used_bytes <= 6 * ENTRY_BYTES
+    book.load(cid)  # every reference is there
+    store.close()
+
+
+def test_a_disk_attached_at_run_time_keeps_what_checkpoints_pin(tmp_path):
+    store = open_store(tmp_path)
+    publish(store)
+    book = CheckpointBook(store, IDENTITY.hex(), str(tmp_path / "manifests"))
+    book.create(state())
+    filler = page_keys(ROOT, list(range(100, 140)), PAGE)
+    for key in filler:
+        store.put(key, Kind.KV_PAGE, payload(key))
+    store.detach_disk().close()
+    smaller = DiskTier(str(tmp_path / "disk"), IDENTITY, budget_bytes=6 * ENTRY_BYTES)
+    store.attach_disk(smaller)
+    assert [smaller.contains(k, kind) for k, kind in references()] == [True] * 4
+    assert smaller.used_bytes <= 6 * ENTRY_BYTES
     store.close()
