@@ -9,6 +9,8 @@ headers jaxlib ships, for this CPU (`-march=native`, or another instruction set 
 so that one machine can test the code paths of others), into a cache keyed by the source, the
 headers beside it, the flags, jaxlib's version and the CPU's features; concurrent builders
 each write a temporary file and rename it into place, so a reader never loads half a library.
+A cached library is loaded only from a folder and a file this user owns and nobody else can
+write.
 Where they cannot be built (no compiler), `available()` says so and logs why once, and
 `kernels_pallas.dispatch` runs the pure-JAX references instead. This module imports nothing
 from flipjax.
@@ -23,6 +25,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -85,30 +88,22 @@ def target(name: str, isa: str = "native") -> str:
 
 def build(name: str, isa: str = "native") -> Path:
     """Compile `cpu/<name>.cc` for the instruction set `isa` (once per source, flags, jaxlib
-    and CPU); the library's path."""
-    if isa not in ISAS:
-        raise ValueError(f"unknown instruction set {isa!r}: one of {sorted(ISAS)}")
-    flags = (*FLAGS, *ISAS[isa])
-    source = SOURCES / f"{name}.cc"
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
-    key = hashlib.sha256()
-    headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # shared by the sources
-    facts = (" ".join(flags), jaxlib.__version__, compiler, _cpu_features())
-    for part in (source.read_bytes(), *headers, *(f.encode() for f in facts)):
-        key.update(part)
-    folder = _cache_folder()
-    library = folder / f"{name}-{key.hexdigest()[:16]}.so"
-    if library.exists():
+    and CPU); the library's path. A library found in the cache is loaded only if it is a
+    plain file that this user owns and nobody else can write, in a folder nobody else can
+    write: a planted library would run as this process (RuntimeError otherwise)."""
+    library, flags, compiler = _library_path(name, isa)
+    folder = library.parent
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(folder, "folder")
+    if os.path.lexists(library):
+        _check_private(library, "library")
         return library
-    folder.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".so")
     os.close(fd)
     try:
         command = [
-            compiler, *flags, "-isystem", jax.ffi.include_dir(), "-I", str(SOURCES), str(source),
-            "-o", partial,
+            compiler, *flags, "-isystem", jax.ffi.include_dir(), "-I", str(SOURCES),
+            str(SOURCES / f"{name}.cc"), "-o", partial,
         ]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
@@ -121,6 +116,42 @@ def build(name: str, isa: str = "native") -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return library
+
+
+def _library_path(name: str, isa: str) -> tuple[Path, tuple[str, ...], str]:
+    """Where the library of `name` for `isa` is cached (named by the key of everything that
+    goes into it), with the flags and the compiler that build it."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown instruction set {isa!r}: one of {sorted(ISAS)}")
+    flags = (*FLAGS, *ISAS[isa])
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
+    key = hashlib.sha256()
+    headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # shared by the sources
+    facts = (" ".join(flags), jaxlib.__version__, compiler, _cpu_features())
+    for part in ((SOURCES / f"{name}.cc").read_bytes(), *headers, *(f.encode() for f in facts)):
+        key.update(part)
+    return _cache_folder() / f"{name}-{key.hexdigest()[:16]}.so", flags, compiler
+
+
+def _check_private(path: Path, what: str) -> None:
+    """RuntimeError naming `path` unless it is this user's own, not a link, and writable by
+    nobody else."""
+    st = os.lstat(path)
+    kind = stat.S_ISDIR if what == "folder" else stat.S_ISREG
+    problem = None
+    if not kind(st.st_mode):
+        problem = f"is not a plain {what}"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not this user ({os.geteuid()})"
+    elif st.st_mode & 0o022:
+        problem = f"can be written by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    if problem is not None:
+        raise RuntimeError(
+            f"native kernel cache: {path} {problem}; refusing to load kernels from it "
+            f"(remove it, or point {CACHE_ENV} at a private folder)"
+        )
 
 
 def runs_here(isa: str) -> bool:
