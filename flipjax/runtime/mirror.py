@@ -5,9 +5,11 @@ In JAX's multi-controller model each process must launch the same programs over 
 mesh. Only process 0 schedules, so it announces each device operation before running it: the
 methods marked `@mirrored` (a step's rows, positions and page tables, a page write of store
 payloads, a page copy, a flip's live set, ...). An announcement is the method's name and its
-pickled host arguments, broadcast with `multihost_utils.broadcast_one_to_all`: a collective
-over the same runtime as the model's (gloo here, NCCL on GPUs), so no second transport is
-needed. The other processes `follow`: receive, call the same method on their own objects, repeat.
+host arguments (encoded by `plan_codec`, which a follower reads back allowing only the types
+an announcement holds, and only the names of mirrored methods), broadcast with
+`multihost_utils.broadcast_one_to_all`: a collective over the same runtime as the model's
+(gloo here, NCCL on GPUs), so no second transport is needed. The other processes `follow`:
+receive, call the same method on their own objects, repeat.
 
 A frame is fixed at `FRAME_BYTES` so that one collective (one compiled program) carries a
 typical step; a larger message sends its rest in a second, power-of-two sized broadcast. Only
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import pickle
 import threading
 import time
 from collections import Counter
@@ -33,12 +34,14 @@ from jax.experimental import multihost_utils
 
 from flipjax.runtime import multihost
 from flipjax.runtime.buckets import pow2_bucket
+from flipjax.runtime.plan_codec import PlanRefused, decode, encode
 
 log = logging.getLogger("flipjax.mirror")
 
 FRAME_BYTES = 4096
 _HEADER = 8  # the message's length, then its first bytes
 _STOP, _PING = "stop", "ping"
+_MIRRORED: set[str] = {_STOP, _PING}  # the names an announcement may carry
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -51,7 +54,7 @@ class Channel:
         self.seconds = 0.0  # spent broadcasting, on process 0
 
     def send(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        data = pickle.dumps((name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        data = encode(name, args, kwargs)
         with self._lock:
             t0 = time.perf_counter()
             try:
@@ -63,8 +66,8 @@ class Channel:
             self.counters["bytes"] += len(data)
             self.counters["extra_frames"] += len(data) > FRAME_BYTES - _HEADER
 
-    def receive(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-        return pickle.loads(_broadcast_message(None))
+    def receive(self) -> bytes:
+        return _broadcast_message(None)
 
 
 def _broadcast_message(data: bytes | None) -> bytes:
@@ -107,6 +110,7 @@ def mirrored(method: F) -> F:
     """Mark a device operation of a mirrored object (see `follow`): on process 0 of a cluster,
     its call is announced to the others before it runs. Its arguments must be host values."""
     name = method.__qualname__
+    _MIRRORED.add(name)
 
     @functools.wraps(method)
     def announced(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -142,13 +146,17 @@ def stop() -> None:
 
 def follow(targets: dict[str, Any]) -> int:
     """Run process 0's device operations on this process's `targets` (class name -> object)
-    until it stops; returns how many ran. `ProcessLost` when process 0 is gone."""
+    until it stops; returns how many ran. `ProcessLost` when process 0 is gone, `PlanRefused`
+    for a message process 0 could not have sent (this process cannot stay in step after it)."""
     chan, ran = Channel(), 0
     while True:
         try:
-            name, args, kwargs = chan.receive()
+            data = chan.receive()
         except Exception as err:  # noqa: BLE001 - a failed collective is a lost process
             raise multihost.ProcessLost(multihost.lost_processes() or [0], err) from err
+        name, args, kwargs = decode(data)
+        if name not in _MIRRORED:
+            raise PlanRefused(f"plan broadcast: {name!r} is not a mirrored operation")
         if name == _STOP:
             return ran
         if name == _PING:

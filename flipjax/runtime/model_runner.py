@@ -29,6 +29,7 @@ from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.placement import Placement, single_device
+from flipjax.runtime.plan_codec import carried
 from flipjax.runtime.sampler import (
     SamplerOutputs,
     SamplerRow,
@@ -41,6 +42,7 @@ from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch
 
 
+@carried
 @dataclass
 class Row:
     tokens: list[int]
