@@ -59,13 +59,13 @@ def open_checkpoints(
     bridge: StoreBridge, identity: ModelIdentity, store_dir: str | None
 ) -> CheckpointBook:
     """The session checkpoint book over `bridge`'s store: manifests in the model's folder
-    under `store_dir` (beside the disk tier's entries), or in memory without one. The disk
+    under `store_dir` (beside the disk tier's entries), or in memory without a disk tier. The disk
     tier evicts what its budget cannot keep only after the book has pinned what it needs."""
+    disk = bridge.store.disk
     folder = None
-    if store_dir is not None:
+    if store_dir is not None and disk is not None:  # manifests last no longer than entries
         folder = os.path.join(disk_folder(store_dir, identity), "manifests")
     book = CheckpointBook(bridge.store, identity.digest().hex(), folder)
-    disk = bridge.store.disk
     if disk is not None:
         disk.trim()  # the disk tier opened without evicting: the book's pins are in place now
     return book
