@@ -119,18 +119,18 @@ class SegmentLog:
         """The header and payload at `at`, as they are on disk (the caller verifies them). Two
         reads, so the payload comes back without a copy. An I/O error is retried (after each
         of `READ_RETRY_PAUSES_S`) before it is raised."""
-        for pause in (*READ_RETRY_PAUSES_S, None):
+        for pause in READ_RETRY_PAUSES_S:
             try:
-                fd = self._fd(at.segment)
-                head = os.pread(fd, HEADER_BYTES, at.offset)
-                body = os.pread(fd, max(0, at.length - HEADER_BYTES), at.offset + HEADER_BYTES)
-                return head, body
+                return self._read_once(at)
             except OSError:
-                if pause is None:
-                    raise
                 self.read_retries += 1
                 time.sleep(pause)
-        raise AssertionError("unreachable")
+        return self._read_once(at)
+
+    def _read_once(self, at: Location) -> tuple[bytes, bytes]:
+        fd = self._fd(at.segment)
+        head = os.pread(fd, HEADER_BYTES, at.offset)
+        return head, os.pread(fd, max(0, at.length - HEADER_BYTES), at.offset + HEADER_BYTES)
 
     def read_many(self, locations: list[Location]) -> list[memoryview]:
         """The bytes at each location, in order; a run of adjacent ones is one read."""
