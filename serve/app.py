@@ -12,51 +12,50 @@ from importlib.metadata import version
 
 from fastapi import FastAPI
 
+from flipjax.config.tree import ServeConfig
 from flipjax.engine.engine import Engine
 from flipjax.engine.pilot import Autopilot
 from serve.chat_template import DEFAULT_TEMPLATE, ChatTemplate
+from serve.dispatch import Dispatcher
 from serve.engine_loop import EngineLoop
 from serve.errors import install_handlers
-from serve.flags import DEFAULT_GRAMMAR_TIMEOUT_S, DEFAULT_MAX_N, DEFAULT_MAX_REQUEST_BYTES
 from serve.limits import BodyLimit
-from serve.routes import admin, chat, completions, info, sessions, store
+from serve.routes import admin, chat, completions, info, sessions
+from serve.routes import store as store_routes
 from serve.state import ServerState
 from serve.store_control import StoreControl
+from store.tiered import TieredStore
 
 
 def create_app(
     engine: Engine,
-    host: str = "127.0.0.1",
-    api_key: str | None = None,
-    admin_key: str | None = None,
+    config: ServeConfig | None = None,
+    *,
     chat_template: str = DEFAULT_TEMPLATE,
+    store: TieredStore | None = None,
     store_control: StoreControl | None = None,
     autopilot: Autopilot | None = None,
-    served_names: list[str] | None = None,
-    reasoning_parser: str | None = None,
-    any_whitespace: bool = True,
-    *,
-    max_n: int = DEFAULT_MAX_N,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    allow_insecure_admin: bool = False,
-    allowed_hosts: list[str] | None = None,
-    grammar_timeout_s: float = DEFAULT_GRAMMAR_TIMEOUT_S,
 ) -> FastAPI:
+    """The app serving `engine` as `config` says; `store` is the KV store behind the engine,
+    which the store routes control with `store_control`."""
+    config = config if config is not None else ServeConfig()
     app = FastAPI(title="flipjax", version=version("flipjax"))
-    loop = EngineLoop(engine, autopilot)
-    app.state.server = ServerState(
-        engine, loop, ChatTemplate(chat_template), host, api_key, admin_key, store_control,
-        autopilot, served_names or [], reasoning_parser, any_whitespace,
-    )  # fmt: skip
-    state = app.state.server
-    state.max_n, state.allow_insecure_admin = max_n, allow_insecure_admin
-    state.grammar_timeout_s = grammar_timeout_s
-    if allowed_hosts is not None:
-        state.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    loop = EngineLoop(Dispatcher(engine, store, store_control, autopilot))
+    template = ChatTemplate(chat_template)
+    app.state.server = ServerState(engine.info, loop, template, config, store, store_control)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
     app.router.on_shutdown.append(loop.close)
     install_handlers(app)
-    for router in (info.router, info.guarded, completions.router, chat.router, sessions.router,
-                   admin.router, store.router, store.clear_router):  # fmt: skip
+    routers = (
+        info.router,
+        info.guarded,
+        completions.router,
+        chat.router,
+        sessions.router,
+        admin.router,
+        store_routes.router,
+        store_routes.clear_router,
+    )
+    for router in routers:
         app.include_router(router)
     return app

@@ -34,7 +34,7 @@ def _matches(credentials: HTTPAuthorizationCredentials | None, key: str) -> bool
 
 
 def require_api_key(state: State, credentials: Credentials) -> None:
-    if state.api_key is not None and not _matches(credentials, state.api_key):
+    if state.config.api_key is not None and not _matches(credentials, state.config.api_key):
         raise APIError(401, "missing or wrong API key", None, "authentication_error")
 
 
@@ -48,10 +48,11 @@ def _hostname(authority: str) -> str:
 
 
 def require_admin(request: Request, state: State, credentials: Credentials) -> None:
-    if state.admin_key is not None:
-        if not _matches(credentials, state.admin_key):
+    admin_key = state.config.admin_api_key
+    if admin_key is not None:
+        if not _matches(credentials, admin_key):
             raise APIError(401, "missing or wrong admin API key", None, "authentication_error")
-    elif not state.allow_insecure_admin:
+    elif not state.config.allow_insecure_admin:
         raise _forbidden(
             "admin routes are disabled: start the server with --admin-api-key KEY (or, on a "
             "trusted network only, --allow-insecure-admin)"

@@ -19,30 +19,31 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from flipjax.engine.engine import Engine, Output
-from flipjax.engine.outputs import prompt_logprobs
 from flipjax.engine.pilot import Autopilot
-from flipjax.engine.sequence import TokenLogprob
 from flipjax.runtime import mirror, multihost
 from flipjax.runtime.multihost import ProcessLost
+from serve.dispatch import Dispatcher
+from serve.messages import Abort, Admitted, Message, Start, Update
 
 log = logging.getLogger("flipjax.serve")
 
 
-@dataclass
-class Update:
-    """What a subscriber learns after a step about one of its requests: the tokens (and their
-    logprobs, when asked) generated since its last update, or the end."""
+@dataclass(frozen=True)
+class _Submit:
+    requests: list[Start]
+    notify: Callable[[Update], None]
 
-    request_id: str
-    new_ids: list[int]
-    new_logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None  # with the first tokens, if asked
-    output: Output | None = None  # set once, when the request finished
-    error: str | None = None  # set when the request failed inside the engine
+
+@dataclass(frozen=True)
+class _Queued:
+    """A message on the loop's queue, with the future its answer goes to (None: nobody
+    waits)."""
+
+    message: _Submit | Message | None  # None wakes the loop
+    done: Future[Any] | None = None
 
 
 @dataclass
@@ -52,10 +53,11 @@ class _Request:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, autopilot: Autopilot | None = None):
-        self.engine = engine
-        self.autopilot = autopilot  # the automatic phase policy, if on
-        self._commands: queue.Queue[Callable[[], None]] = queue.Queue()
+    def __init__(self, dispatcher: Dispatcher):
+        self.dispatcher = dispatcher
+        self.engine = dispatcher.engine
+        self.autopilot = dispatcher.autopilot  # the automatic phase policy, if on
+        self._commands: queue.Queue[_Queued] = queue.Queue()
         self._live: dict[str, _Request] = {}
         self._stop = threading.Event()
         self.steps = 0
@@ -71,44 +73,33 @@ class EngineLoop:
 
     # -- called from any thread -----------------------------------------------------------------
 
-    def submit(
-        self, starts: list[Callable[[Engine], str]], notify: Callable[[Update], None]
-    ) -> list[tuple[list[str], int]]:
-        """Queue requests with each `start(engine)` (e.g. `engine.add_request(...)`) on the
-        loop thread, all or none; returns each one's choice ids and prompt tokens once
-        admitted. A refusal raises ValueError (bad input) or KeyError (an unknown checkpoint or
-        session) and leaves nothing queued."""
-        self._check_cluster()
-        admitted: Future[list[tuple[list[str], int]]] = Future()
-        self._commands.put(lambda: self._admit(starts, notify, admitted))
-        return self._wait(admitted)
+    def submit(self, requests: list[Start], notify: Callable[[Update], None]) -> list[Admitted]:
+        """Queue `requests` on the loop thread, all or none; returns each one's choices once
+        admitted. A refusal raises ValueError (bad input) or KeyError (an unknown checkpoint
+        or session) and leaves nothing queued."""
+        return self._send(_Submit(requests, notify))
 
     def abort(self, request_id: str) -> None:
         """Abort soon, without waiting (a client went away)."""
-        self._commands.put(lambda: self._abort(request_id))
+        self._commands.put(_Queued(Abort(request_id)))
 
     def cancel(self, request_id: str) -> bool:
         """Abort now; False if no such request is in flight."""
-        return self.call(lambda _: self._abort(request_id))
+        return self._send(Abort(request_id))
 
-    def call(self, fn: Callable[[Engine], Any]) -> Any:
-        """Run `fn(engine)` on the loop thread between steps (a flip, a stats read)."""
+    def call(self, message: Message) -> Any:
+        """Apply `message` on the loop thread between two steps; its answer, or its error."""
+        return self._send(message)
+
+    def _send(self, message: _Submit | Message) -> Any:
         self._check_cluster()
         done: Future[Any] = Future()
-
-        def command() -> None:
-            try:
-                self._check_cluster()
-                done.set_result(fn(self.engine))
-            except BaseException as err:  # noqa: BLE001 - handed to the caller
-                done.set_exception(err)
-
-        self._commands.put(command)
+        self._commands.put(_Queued(message, done))
         return self._wait(done)
 
     def close(self) -> None:
         self._stop.set()
-        self._commands.put(lambda: None)
+        self._commands.put(_Queued(None))
         self._thread.join(timeout=30)
         mirror.stop()  # the other processes of a cluster return from following
 
@@ -144,11 +135,11 @@ class EngineLoop:
         """Commands queued behind the death get the error instead of waiting forever."""
         while True:
             try:
-                self._commands.get_nowait()()
+                command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            except Exception:  # noqa: BLE001, S110 - each already carries _check_cluster's error
-                pass
+            if command.done is not None:
+                command.done.set_exception(LoopDead(f"the engine loop stopped: {self.dead}"))
 
     def _serve(self) -> None:
         idle = False  # the last step planned nothing: its queue's head awaits the store
@@ -166,7 +157,7 @@ class EngineLoop:
                 if not busy and self.lost is None and self._idle_s is not None:
                     self._ping()
             while command is not None:
-                command()
+                self._apply(command)
                 try:
                     command = self._commands.get_nowait()
                 except queue.Empty:
@@ -177,28 +168,48 @@ class EngineLoop:
                 last = self.engine.last_step
                 idle = last is not None and not (last.prefill_tokens or last.decode_rows)
 
-    def _admit(
-        self,
-        starts: list[Callable[[Engine], str]],
-        notify: Callable[[Update], None],
-        admitted: Future[list[tuple[list[str], int]]],
-    ) -> None:
+    def _apply(self, command: _Queued) -> None:
+        message, done = command.message, command.done
+        if isinstance(message, _Submit):
+            assert done is not None
+            self._admit(message, done)
+            return
+        try:
+            self._check_cluster()
+            if message is None:
+                result = None
+            elif isinstance(message, Abort):
+                result = self._abort(message.request_id)
+            else:
+                result = self.dispatcher.apply(message)
+        except Exception as err:  # noqa: BLE001 - the caller's refusal, not the loop's
+            if done is None:
+                log.warning("engine loop: %s failed: %s", type(message).__name__, err)
+            else:
+                done.set_exception(err)
+            return
+        if done is not None:
+            done.set_result(result)
+
+    def _admit(self, submit: _Submit, admitted: Future[Any]) -> None:
         started: list[str] = []
         try:
             self._check_cluster()
-            for start in starts:
-                started.append(start(self.engine))
+            for request in submit.requests:
+                started.append(self.dispatcher.start(request))
         except Exception as err:  # noqa: BLE001 - this request's failure, not the loop's
             for rid in started:
-                for choice in self.engine.requests.choices(rid):
+                for choice in self.engine.progress(rid).choices:
                     self.engine.abort(choice)
             admitted.set_exception(err)
             return
-        requests = self.engine.requests
-        choices = [(requests.choices(rid), requests.prompt_tokens(rid)) for rid in started]
-        for rid in (c for group, _ in choices for c in group):
-            self._live[rid] = _Request(notify)
-        admitted.set_result(choices)
+        answers = []
+        for rid in started:
+            progress = self.engine.progress(rid)
+            answers.append(Admitted(progress.choices, progress.prompt_tokens, progress.sampling))
+            for choice in progress.choices:
+                self._live[choice] = _Request(submit.notify)
+        admitted.set_result(answers)
 
     def _abort(self, request_id: str) -> bool:
         req = self._live.pop(request_id, None)
@@ -228,12 +239,11 @@ class EngineLoop:
             if req is not None:
                 req.notify(Update(out.request_id, [], output=out))
         for rid, req in self._live.items():
-            ids, logprobs = self.engine.requests.generated(rid, req.sent)
-            if ids:
-                first = req.sent == 0
-                req.sent += len(ids)
-                prompt = prompt_logprobs(self.engine.requests[rid]) if first else None
-                req.notify(Update(rid, ids, logprobs, prompt))
+            progress = self.engine.progress(rid, req.sent)
+            if progress.new_ids:
+                req.sent += len(progress.new_ids)
+                new = progress.new_ids, progress.new_logprobs, progress.prompt_logprobs
+                req.notify(Update(rid, *new))
 
     def _fail_all(self, error: str) -> None:
         for rid, req in list(self._live.items()):

@@ -12,7 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from flipjax.engine.engine import Engine, Output
+from flipjax.engine.engine import Output
+from flipjax.engine.stats import EngineStats
 
 TIERS = ("device", "host", "disk", "remote")
 RELIEF_STEPS = ("evicted", "throttled", "retracted", "parked")
@@ -106,31 +107,29 @@ class Metrics:
             if len(out.token_ids) > 1:
                 self.itl.observe((out.e2e_s - out.ttft_s) / (len(out.token_ids) - 1))
 
-    def read_engine(self, engine: Engine) -> None:
-        """Refresh the engine-state metrics; call on the engine loop thread."""
-        self.running.set(len(engine.scheduler.running))
-        self.waiting.set(len(engine.scheduler.waiting))
-        usage = engine.caches.usage()
-        self.kv_pages.set(usage["pages_requests"])
-        self.gdn_slots.set(usage["slots_requests"])
-        self.cache_pages.set(usage["pages_cache"])
-        self.cache_states.set(usage["slots_cache"])
-        prefix = engine.prefix_counters
+    def read_engine(self, stats: EngineStats) -> None:
+        """Refresh the engine-state metrics from a snapshot taken between two steps."""
+        self.running.set(stats.running)
+        self.waiting.set(stats.waiting)
+        self.kv_pages.set(stats.pools["pages_requests"])
+        self.gdn_slots.set(stats.pools["slots_requests"])
+        self.cache_pages.set(stats.pools["pages_cache"])
+        self.cache_states.set(stats.pools["slots_cache"])
+        prefix = stats.prefix
         for tier in TIERS:
-            self._advance(self.prefix_hits.labels(tier), prefix[f"hits_{tier}"])
-            self._advance(self.prefix_hit_tokens.labels(tier), prefix[f"hit_tokens_{tier}"])
-        self._advance(self.prefix_misses, prefix["misses"])
+            self._advance(self.prefix_hits.labels(tier), prefix.get(f"hits_{tier}", 0))
+            tokens = prefix.get(f"hit_tokens_{tier}", 0)
+            self._advance(self.prefix_hit_tokens.labels(tier), tokens)
+        self._advance(self.prefix_misses, prefix.get("misses", 0))
         for step in RELIEF_STEPS:
-            self._advance(self.relief.labels(step), engine.scheduler.counters[step])
-        stats = engine.prefix_store.stats() if engine.prefix_store is not None else {}
-        for tier, counters in stats.items():
+            self._advance(self.relief.labels(step), stats.relief.get(step, 0))
+        for tier, counters in stats.store.items():
             for event, total in counters.items():
                 if event == "available":
                     self.store_up.labels(tier).set(total)
                 else:
                     self._advance(self.store.labels(tier, event), total)
-        flips = engine.layouts.flips
-        for record in flips[self._flips_seen :]:
+        for record in stats.flips[self._flips_seen :]:
             self.flips.labels(record.direction).inc()
             self.flip_seconds.inc(record.total_ms / 1e3)
             for part in ("weights", "kv", "gdn", "check", "total"):
@@ -138,9 +137,9 @@ class Metrics:
                 self.flip_parts.labels(record.direction, part).observe(seconds)
             self.flip_moved.labels("moved").inc(record.total_bytes)
             self.flip_moved.labels("held").inc(record.held_bytes)
-        self._flips_seen = len(flips)
+        self._flips_seen = len(stats.flips)
         self.layout.clear()
-        self.layout.labels(engine.layout).set(1)
+        self.layout.labels(stats.layout).set(1)
 
     def read_server(self, unknown: Mapping[str, int], grammars: Mapping[str, int]) -> None:
         """Refresh the counters the HTTP layer keeps: ignored fields, grammar compiles."""

@@ -14,8 +14,8 @@ from typing import Any
 
 from flipjax.engine.engine import Output
 from flipjax.model.tokenizer import Tokenizer
-from serve.engine_loop import Update
 from serve.logprobs import chat_logprobs
+from serve.messages import Update
 from serve.streaming import ChoiceStream
 from serve.submission import Submitted
 from serve.text_parsers import ReasoningStream, ToolCallStream, parse_tool_calls, split_reasoning

@@ -11,8 +11,8 @@ from typing import Any
 
 from flipjax.engine.engine import Output
 from flipjax.model.tokenizer import Tokenizer
-from serve.engine_loop import Update
 from serve.logprobs import CompletionLogprobs, merge
+from serve.messages import Update
 from serve.streaming import ChoiceStream
 from serve.submission import Submitted
 

@@ -1,12 +1,15 @@
 """What re-attaching a disk tier while serving needs: the identity its entries carry, the
 folder it lives (or last lived) in, the free space it must leave, and the root every folder a
 request names must lie under (`--store-root`): a request names a directory, and the store
-opens, migrates and writes there."""
+opens, migrates and writes there. And `describe`, the store's state as the routes show it."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
+
+from store.tiered import TieredStore
 
 
 @dataclass
@@ -31,3 +34,24 @@ class StoreControl:
 
 def _resolved(path: str) -> str:
     return os.path.realpath(os.path.expanduser(path))
+
+
+def describe(store: TieredStore) -> dict[str, Any]:
+    """The store's tiers, budgets and counters, as the store routes answer."""
+    disk, remote = store.disk, store.remote
+    return {
+        "host": {"budget_bytes": store.host.budget_bytes, "used_bytes": store.host.used_bytes},
+        "disk": None
+        if disk is None
+        else {
+            "dir": disk.root,
+            "budget_bytes": disk.budget_bytes,
+            "used_bytes": disk.used_bytes,
+            "min_free_bytes": disk.min_free_bytes,
+            "footprint_bytes": disk.footprint(),
+        },
+        "remote": None
+        if remote is None
+        else {"url": remote.url, "available": remote.available, "last_error": remote.last_error},
+        "counters": store.stats(),
+    }

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from flipjax.engine.engine import Output
 from serve.detokenize import IncrementalText
-from serve.engine_loop import Update
+from serve.messages import Update
 from serve.protocol.sampling import StreamOptions
 from serve.state import ServerState
 from serve.submission import Choice, Submitted
@@ -52,7 +52,7 @@ async def sse(
     stops: list[str],
     options: StreamOptions | None,
 ) -> AsyncIterator[str]:
-    tokenizer = state.engine.tokenizer
+    tokenizer = state.info.tokenizer
     streams = {
         c.request_id: ChoiceStream(c, IncrementalText(tokenizer, stops))
         for c in submitted.choices

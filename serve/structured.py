@@ -58,14 +58,15 @@ async def compile_spec(state: ServerState, spec: Spec) -> Callable[[], TokenCons
         # The compile runs on in the compiler's threads if this request gives up on it: its
         # C++ cannot be interrupted, and its result is cached for the next request.
         future = asyncio.wrap_future(compiler.submit(*spec))
-        compiled = await asyncio.wait_for(asyncio.shield(future), state.grammar_timeout_s)
+        compiled = await asyncio.wait_for(asyncio.shield(future), state.config.grammar_timeout_s)
     except ValueError as err:
         raise refusal(err) from None
     except GrammarBusy as err:
         raise APIError(503, str(err), field, "server_busy") from None
     except TimeoutError:
         compiler.counters["timed_out"] += 1
-        message = f"{field}: the grammar did not compile within {state.grammar_timeout_s:g} s"
+        limit = state.config.grammar_timeout_s
+        message = f"{field}: the grammar did not compile within {limit:g} s"
         raise bad_request(message, field) from None
     return lambda: compiler.constraint(compiled)
 
@@ -86,12 +87,14 @@ async def grammar_for(
 async def _compiler(state: ServerState) -> GrammarCompiler:
     async with state.grammar_lock:
         if state.grammars is None:
-            engine = state.engine
+            info = state.info
             try:
                 state.grammars = await asyncio.to_thread(
-                    GrammarCompiler, engine.tokenizer, engine.config.vocab_size,
-                    state.any_whitespace,
-                )  # fmt: skip
+                    GrammarCompiler,
+                    info.tokenizer,
+                    info.model.vocab_size,
+                    state.config.any_whitespace,
+                )
             except ValueError as err:
                 raise refusal(err) from None
         return state.grammars

@@ -9,14 +9,15 @@ client gets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flipjax.engine.engine import Engine, Output
+from flipjax.engine.engine import Output
 from flipjax.runtime.multihost import ProcessLost
-from serve.engine_loop import LoopDead, Update
+from flipjax.runtime.sampling import SamplingParams
+from serve.engine_loop import LoopDead
 from serve.errors import APIError, internal_error, refusal
+from serve.messages import Message, Start, Update
 from serve.state import ServerState
 
 
@@ -32,6 +33,7 @@ class Choice:
 class Submitted:
     choices: list[Choice]
     updates: asyncio.Queue[Update]
+    sampling: list[SamplingParams]  # what each prompt runs with (a branch's may be its own)
 
     def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
         """The OpenAI usage object; each prompt counts once, however many choices it has."""
@@ -52,12 +54,12 @@ class Submitted:
         return self.usage(sum(len(o.token_ids) for o in outputs), sum(first.values()))
 
 
-async def submit(state: ServerState, starts: list[Callable[[Engine], str]]) -> Submitted:
+async def submit(state: ServerState, requests: list[Start]) -> Submitted:
     updates: asyncio.Queue[Update] = asyncio.Queue()
     aio = asyncio.get_running_loop()
     try:
         admitted = await asyncio.to_thread(
-            state.loop.submit, starts, lambda u: aio.call_soon_threadsafe(updates.put_nowait, u)
+            state.loop.submit, requests, lambda u: aio.call_soon_threadsafe(updates.put_nowait, u)
         )
     except (ValueError, KeyError) as err:
         raise refusal(err) from None
@@ -65,13 +67,9 @@ async def submit(state: ServerState, starts: list[Callable[[Engine], str]]) -> S
         raise
     except Exception as err:  # noqa: BLE001 - this request fails alone, with a reference
         raise internal_error("admitting the request", err) from None
-    choices = [
-        Choice(index, rid, prompt, tokens)
-        for index, (prompt, rid, tokens) in enumerate(
-            (p, rid, tokens) for p, (ids, tokens) in enumerate(admitted) for rid in ids
-        )
-    ]
-    return Submitted(choices, updates)
+    each = [(p, rid, a.prompt_tokens) for p, a in enumerate(admitted) for rid in a.choices]
+    choices = [Choice(index, rid, p, tokens) for index, (p, rid, tokens) in enumerate(each)]
+    return Submitted(choices, updates, [a.sampling for a in admitted])
 
 
 async def collect(state: ServerState, submitted: Submitted) -> list[Output]:
@@ -90,9 +88,9 @@ async def collect(state: ServerState, submitted: Submitted) -> list[Output]:
     return [done[c.request_id] for c in submitted.choices]
 
 
-async def on_loop(state: ServerState, fn: Callable[[Engine], Any]) -> Any:
-    """Run `fn(engine)` on the loop thread between two steps; refusals become 400 or 404."""
+async def on_loop(state: ServerState, message: Message) -> Any:
+    """Apply `message` on the loop thread between two steps; refusals become 400 or 404."""
     try:
-        return await asyncio.to_thread(state.loop.call, fn)
+        return await asyncio.to_thread(state.loop.call, message)
     except (ValueError, KeyError) as err:
         raise refusal(err) from None

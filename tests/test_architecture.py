@@ -105,3 +105,60 @@ def test_a_lower_layer_imports_without_the_layers_above():
     bare = "import sys, flipjax.model.config; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", bare], cwd=ROOT, capture_output=True, text=True)
     assert out.stdout.strip() == "False", "reading a config imported jax"
+
+
+# Engine's whole public API; README's "Library" section documents the same names.
+ENGINE_API = {
+    "from_pretrained", "info", "stats", "last_step",
+    "add_request", "step", "has_unfinished", "progress", "abort", "generate",
+    "flip", "arm", "follow",
+    "checkpoint", "branch", "rewind", "list_checkpoints", "delete_checkpoint", "session",
+    "check", "warmup", "flush_prefix_cache", "close",
+}  # fmt: skip - grouped by concern, as the README lists them
+ENGINE_INSIDE = ("flipjax/engine/",)
+TEST_DOOR = "tests/support/internals.py"
+
+
+def engine_private_names() -> set[str]:
+    """Every private name an `Engine` has: its methods' and the attributes it assigns."""
+    names: set[str] = set()
+    for rel in ("flipjax/engine/engine.py", "flipjax/engine/checkpoint_api.py"):
+        for node in ast.walk(ast.parse((ROOT / rel).read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AnnAssign | ast.Attribute):
+                name = getattr(node, "name", None) or getattr(node, "attr", None)
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    name = node.target.id
+                if name and name.startswith("_") and not name.startswith("__"):
+                    names.add(name)
+    return names
+
+
+def test_the_engine_api_is_the_documented_one():
+    from flipjax.engine.engine import Engine
+
+    public = {n for n in dir(Engine) if not n.startswith("_")} | {"info"}
+    assert public == ENGINE_API, f"added: {public - ENGINE_API}, gone: {ENGINE_API - public}"
+    readme = (ROOT / "README.md").read_text()
+    undocumented = sorted(n for n in ENGINE_API if f"`{n}" not in readme)
+    assert not undocumented, f"README documents no {undocumented}"
+
+
+def test_nothing_outside_the_engine_reaches_into_it():
+    """Outside `flipjax/engine`, an engine's private names are touched only by the tests'
+    one door into it; everyone else uses the API or `stats()`."""
+    private = engine_private_names()
+    assert {"_parts", "_settle", "_drained"} <= private
+    files = sources() + sorted((ROOT / "tests").rglob("*.py"))
+    reached = []
+    for p in files:
+        rel = p.relative_to(ROOT).as_posix()
+        if rel.startswith(ENGINE_INSIDE) or rel == TEST_DOOR:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                reached.append(f"{rel}:{node.lineno} .{node.attr}")
+    assert not reached, "private engine names used outside the engine:\n" + "\n".join(reached)

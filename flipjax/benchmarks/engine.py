@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     engine.warmup()
     print(f"model: {n_params / 1e6:.0f}M parameters, {args.dtype}; flipjax warm-up compile "
-          f"{time.perf_counter() - t0:.0f} s ({engine.compile_count} programs)")  # fmt: skip
+          f"{time.perf_counter() - t0:.0f} s ({engine.stats().compiles} programs)")  # fmt: skip
 
     dtype = jnp.dtype(args.dtype)
     weight_bytes = dtype.itemsize * n_params

@@ -28,12 +28,14 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG  # noqa: E402
-from flipjax.engine.config import EngineConfig  # noqa: E402
+from flipjax.config.engine import EngineConfig  # noqa: E402
 from flipjax.engine.engine import Engine  # noqa: E402
 from flipjax.model.config import ModelConfig  # noqa: E402
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
-from flipjax.model.tokenizer import ByteTokenizer  # noqa: E402
-from sharding.flip import FlipRecord  # noqa: E402
+from flipjax.runtime.allocator import Allocator  # noqa: E402
+from flipjax.runtime.model_runner import ModelRunner, RunnerShape  # noqa: E402
+from sharding.flip import FlipRecord, Layouts  # noqa: E402
+from sharding.layout import placement_for  # noqa: E402
 
 ENGINE_OPTIONS = dict(num_pages=2048, max_running_requests=8, max_prefill_tokens=64)
 
@@ -56,11 +58,33 @@ class _Holder:
     slot: int | None = None
 
 
+def _rig(cfg: ModelConfig, num_pages: int, layout: str) -> Layouts:
+    """The state an engine with `ENGINE_OPTIONS` holds, placed in `layout`, and its layouts:
+    the pools are held directly here (an engine's requests would hold them), so the flip is
+    used as a library."""
+    model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    ec = EngineConfig(**{**ENGINE_OPTIONS, "num_pages": num_pages})
+    shape = RunnerShape(
+        cfg,
+        jnp.float32,
+        ec.page_size,
+        ec.num_pages,
+        ec.slots,
+        ec.model_len(cfg),
+        ec.max_running_requests,
+        ec.max_prefill_tokens,
+    )
+    runner = ModelRunner(graphdef, params, shape, placement_for(layout, cfg))
+    return Layouts(runner, Allocator(ec.num_pages, ec.slots, ec.page_size), state_io=True)
+
+
 def _flips_at(
-    engine: Engine, occupancy: float, a: str, b: str, repeats: int
+    layouts: Layouts, occupancy: float, a: str, b: str, repeats: int
 ) -> dict[str, list[FlipRecord]]:
     """Flip a -> b -> a `repeats` times with `occupancy` of the pages and slots held."""
-    allocator, ps = engine.allocator, engine.engine_config.page_size
+    allocator = layouts.allocator
+    ps = allocator.page_size
     holders = [_Holder(f"bench-{i}") for i in range(max(1, int(occupancy * allocator.slots.total)))]
     pages = max(1, int(occupancy * allocator.pages.total))
     for i, h in enumerate(holders):
@@ -70,7 +94,7 @@ def _flips_at(
     records: dict[str, list[FlipRecord]] = {a: [], b: []}
     for _ in range(repeats):
         for target in (b, a):
-            records[target].append(engine.flip(target))
+            records[target].append(layouts.flip(target))
     for h in holders:
         allocator.free(h)
     return records
@@ -101,23 +125,20 @@ def main(argv: list[str] | None = None) -> None:
     from sharding.flip import _shardings  # the same target trees the flip moves
 
     cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})
-    model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
-    options = {**ENGINE_OPTIONS, "num_pages": args.num_pages}
-    engine = Engine(
-        model, ByteTokenizer(), "reference", jnp.float32, EngineConfig(**options), layout=args.a
-    )
-    engine.warmup()
+    layouts = _rig(cfg, args.num_pages, args.a)
+    runner = layouts.runner
+    runner.warmup()
+    runner.warm_state_io()
     t0 = time.perf_counter()
-    engine.arm(args.b)
+    layouts.arm(args.b)
     print(f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind}; arm {args.b}: "
           f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
 
-    runner = engine.runner
     full: dict[str, list] = {}
     print(f"{'occupancy':>9} {'pages':>6} {'direction':>16} {'flip ms':>8} {'pools ms':>9} "
           f"{'pools MiB moved':>16} {'of':>6}")  # fmt: skip
     for occupancy in (0.01, 0.25, 1.0):
-        records = _flips_at(engine, occupancy, args.a, args.b, args.repeats)
+        records = _flips_at(layouts, occupancy, args.a, args.b, args.repeats)
         for target, source in ((args.b, args.a), (args.a, args.b)):
             recs = records[target]
             r = recs[-1]
@@ -129,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{pools:>16.1f} {held:>6.1f}")  # fmt: skip
         full = records
     tree = (runner.binding.params, runner.binding.state)
-    placements = {name: engine.layouts.armed[name] for name in (args.a, args.b)}
+    placements = {name: layouts.armed[name] for name in (args.a, args.b)}
     shardings = {name: _shardings(runner, pl) for name, pl in placements.items()}
     copies = {}
     for source, target in ((args.a, args.b), (args.b, args.a)):

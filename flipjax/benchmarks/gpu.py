@@ -50,18 +50,23 @@ def _model(small: bool) -> tuple[Any, jnp.dtype]:
 
 def _engine(kernels: str, small: bool, batch: int, prompt_len: int, layout: str | None = None):
     from flipjax import Engine
-    from flipjax.engine.config import EngineConfig
+    from flipjax.config.tree import FlipjaxConfig
     from flipjax.model.tokenizer import ByteTokenizer
     from kernels_pallas import dispatch
 
     model, dtype = _model(small)
     page = 16
-    ec = EngineConfig(
-        page_size=page, max_running_requests=batch, max_prefill_tokens=min(prompt_len, 2048),
-        max_model_len=prompt_len + 64, num_pages=batch * (prompt_len // page + 6) + 8,
-    )  # fmt: skip
+    config = FlipjaxConfig.build(
+        dtype=np.dtype(dtype).name,
+        layout=layout,
+        page_size=page,
+        max_running_requests=batch,
+        max_prefill_tokens=min(prompt_len, 2048),
+        max_model_len=prompt_len + 64,
+        num_pages=batch * (prompt_len // page + 6) + 8,
+    )
     with dispatch.kernels(kernels):  # the runner records the mode it is built under
-        return Engine(model, ByteTokenizer(), "bench", dtype, ec, layout=layout)
+        return Engine(model, ByteTokenizer(), config, name="bench")
 
 
 def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -102,7 +107,7 @@ def flip_round_trip(kernels: str, small: bool) -> list[dict[str, Any]]:
     from flipjax import SamplingParams
 
     engine = _engine(kernels, small, 4, 128, layout="single")
-    layers = engine.config.num_hidden_layers
+    layers = engine.info.model.num_hidden_layers
     pipeline = f"pp:{layers // 2},{layers - layers // 2}"
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     records = []

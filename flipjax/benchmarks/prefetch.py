@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     from flipjax import Engine, SamplingParams
-    from flipjax.engine.config import EngineConfig
+    from flipjax.config.tree import FlipjaxConfig
     from flipjax.model.tiny import TINY_SEED, tiny_config, tiny_model
     from flipjax.model.tokenizer import ByteTokenizer
     from store.open import open_store
@@ -52,18 +52,20 @@ def main(argv: list[str] | None = None) -> None:
     model = tiny_model(jnp.float32)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 256, args.prompt_len).tolist() for _ in range(args.hits + 1)]
-    ec = EngineConfig(
-        page_size=16, num_pages=2 * args.prompt_len // 16 + 64, max_running_requests=4,
-        max_prefill_tokens=2048, gdn_checkpoint_interval=GRID,
-    )  # fmt: skip
+    config = FlipjaxConfig.build(
+        page_size=16,
+        num_pages=2 * args.prompt_len // 16 + 64,
+        max_running_requests=4,
+        max_prefill_tokens=2048,
+        gdn_checkpoint_interval=GRID,
+    )
 
     def engine(folder: str, sync_reads: bool) -> tuple[Engine, object]:
-        bridge, _ = open_store(
-            tiny_config(), f"tiny-seed-{TINY_SEED}", "float32", 16, GRID, 1 << 30, folder,
-            4 << 30,
-        )  # fmt: skip
+        tiny = tiny_config(), f"tiny-seed-{TINY_SEED}"
+        bridge, _ = open_store(*tiny, "float32", 16, GRID, 1 << 30, folder, 4 << 30)
         bridge.sync_reads = sync_reads
-        return Engine(model, ByteTokenizer(), "tiny", jnp.float32, ec, prefix_store=bridge), bridge
+        engine = Engine(model, ByteTokenizer(), config, name="tiny", prefix_store=bridge)
+        return engine, bridge
 
     with tempfile.TemporaryDirectory(dir=args.dir) as folder:
         writer, bridge = engine(folder, sync_reads=False)
@@ -97,13 +99,12 @@ def main(argv: list[str] | None = None) -> None:
 def _stream_through_hits(engine, prompts: list[list[int]], every: int, SamplingParams):
     """Step a decoding stream, adding one stored prompt every `every` steps; returns the
     stream's gaps between tokens (ms) and the prompt tokens the hits seeded."""
-    stream = engine.add_request([1, 2, 3], SamplingParams(temperature=0, max_tokens=1000,
-                                                          ignore_eos=True))  # fmt: skip
-    seq = engine.requests[stream]
+    params = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+    stream = engine.add_request([1, 2, 3], params)
     for _ in range(4):  # past its prefill
         engine.step()
     gaps, seeded, pending, running = [], 0, list(prompts), 0
-    last, made, steps = time.perf_counter(), len(seq.output_ids), 0
+    last, made, steps = time.perf_counter(), len(engine.progress(stream).new_ids), 0
     while pending or running:
         if pending and steps % every == 0:
             engine.add_request(pending.pop(0), SamplingParams(temperature=0, max_tokens=1))
@@ -113,8 +114,9 @@ def _stream_through_hits(engine, prompts: list[list[int]], every: int, SamplingP
             running -= 1
         steps += 1
         now = time.perf_counter()
-        if len(seq.output_ids) > made:
+        generated = len(engine.progress(stream).new_ids)
+        if generated > made:
             gaps.append((now - last) * 1e3)
-            last, made = now, len(seq.output_ids)
+            last, made = now, generated
     engine.abort(stream)
     return gaps, seeded

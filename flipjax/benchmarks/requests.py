@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG
-from flipjax.engine.config import EngineConfig
+from flipjax.config.tree import FlipjaxConfig
 from flipjax.engine.engine import Engine
 from flipjax.model.config import ModelConfig
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
@@ -34,8 +34,8 @@ from flipjax.runtime.sampling import SamplingParams
 def _engine(batch: int) -> Engine:
     cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})
     model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
-    ec = EngineConfig(num_pages=4096, max_running_requests=batch, max_prefill_tokens=512)
-    return Engine(model, ByteTokenizer(), "reference", jnp.float32, ec)
+    config = FlipjaxConfig.build(num_pages=4096, max_running_requests=batch, max_prefill_tokens=512)
+    return Engine(model, ByteTokenizer(), config, name="reference")
 
 
 def _drain(engine: Engine) -> tuple[float, int]:
@@ -48,7 +48,7 @@ def _drain(engine: Engine) -> tuple[float, int]:
 
 
 def structured(engine: Engine, batch: int, tokens: int, rounds: int) -> None:
-    grammars = GrammarCompiler(engine.tokenizer, engine.config.vocab_size)
+    grammars = GrammarCompiler(engine.info.tokenizer, engine.info.model.vocab_size)
     compiled = grammars.compile("regex", f"[a-z]{{{tokens + 8}}}")  # never done early
     params = SamplingParams(temperature=1.0, seed=0, max_tokens=tokens, ignore_eos=True)
 

@@ -1,46 +1,33 @@
 """The engine: load a model, then serve requests by continuous batching over pooled state.
 
-`Engine` is the facade the server, the tests and sharding experiments use; it wires the parts
-and delegates to them: requests (`requests`, `scheduler`, `step`), layouts (`sharding.flip`),
-pools and caches (`caches`, `prefix_reuse`) and sessions (`sessions`).
+`Engine` is the narrow API the server, the benchmarks and library users call: construction,
+requests (`add_request`, `step`, `progress`, `abort`, `generate`), layouts (`flip`, `arm`),
+session checkpoints (`checkpoint_api`), and what it says about itself (`info`, `stats`). Its
+parts (`assembly.Parts`) are private: nothing outside `flipjax.engine` reaches into them.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections import Counter
+from types import MappingProxyType
+from typing import Any
 
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-
-from flipjax.engine.caches import Caches
+from flipjax.config.tree import FlipjaxConfig
+from flipjax.engine.assembly import Parts, assemble
 from flipjax.engine.checkpoint_api import CheckpointAPI
-from flipjax.engine.config import EngineConfig
 from flipjax.engine.loader import load, model_fingerprint
-from flipjax.engine.outputs import Output, StepStats, build_output, final_text
-from flipjax.engine.overlap import Overlap
-from flipjax.engine.prefix_reuse import PrefixReuse
-from flipjax.engine.radix_cache import RadixCache
-from flipjax.engine.reference import ContiguousForward
-from flipjax.engine.requests import Requests
-from flipjax.engine.scheduler import Scheduler
+from flipjax.engine.outputs import Output, Progress, StepStats, build_output, final_text
+from flipjax.engine.outputs import prompt_logprobs as prompt_logprobs_of
 from flipjax.engine.sequence import Sequence
-from flipjax.engine.sessions import Sessions
-from flipjax.engine.step import Stepper
-from flipjax.model.config import ModelConfig
+from flipjax.engine.stats import EngineInfo, EngineStats, frozen
 from flipjax.model.dtypes import parse_dtype
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime import mirror, multihost
-from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.constraint import TokenConstraint
-from flipjax.runtime.model_runner import ModelRunner
-from flipjax.runtime.pools import PagePool, SlotPool
 from flipjax.runtime.sampling import DEFAULT_MAX_TOKENS, SamplingParams
-from sharding.flip import FlipRecord, Layouts
-from sharding.layout import placement_for
+from sharding.flip import FlipRecord
 from store.checkpoints import CheckpointBook
 from store.prefix import PrefixStore
 
@@ -52,103 +39,50 @@ class Engine(CheckpointAPI):
         self,
         model: Qwen3NextForCausalLM,
         tokenizer: Tokenizer,
-        name: str,
-        dtype: jnp.dtype,
-        engine_config: EngineConfig | None = None,
+        config: FlipjaxConfig | None = None,
+        *,
+        name: str = "model",
         prefix_store: PrefixStore | None = None,
-        layout: str | None = None,
         checkpoints: CheckpointBook | None = None,
     ):
-        self.config: ModelConfig = model.cfg
-        self.engine_config = ec = engine_config or EngineConfig()
-        self.tokenizer = tokenizer
-        self.name = name
-        self.dtype = dtype
-        self.graphdef, params = nnx.split(model)
-        self.prefix_store = prefix_store
-        self.gdn_interval = ec.gdn_interval(prefix_store)
-        self.allocator = Allocator(ec.num_pages, ec.slots, ec.page_size)
-        self.prefix_cache: RadixCache | None = None
-        if ec.prefix_cache and ec.slots > ec.max_running_requests:
-            self.prefix_cache = RadixCache(
-                self.allocator, self.gdn_interval, max_states=ec.slots - ec.max_running_requests
-            )
-        moves_state = self.prefix_cache is not None or prefix_store is not None
-        self.scheduler = Scheduler(
-            self.allocator, ec.max_running_requests, ec.max_prefill_tokens,
-            chunk_grid=self.gdn_interval if moves_state else None,
-            prefix_cache=self.prefix_cache, prefetch_wait_s=ec.prefetch_wait_s,
-        )  # fmt: skip
-        self.max_model_len = max_len = ec.model_len(self.config)
-        self.runner = ModelRunner(
-            self.config, self.graphdef, params, dtype, ec.page_size, ec.num_pages, ec.slots,
-            max_len, ec.max_running_requests, ec.max_prefill_tokens,
-            placement_for(layout, self.config) if layout is not None else None,
-        )  # fmt: skip
-        self.layouts = Layouts(
-            self.runner, self.allocator, moves_state, headroom=ec.flip_memory_headroom
-        )
-        self.reuse = PrefixReuse(
-            self.runner, self.scheduler, ec.page_size, self.gdn_interval, self.prefix_cache,
-            prefix_store,
-        )  # fmt: skip
-        self.scheduler.on_admit, self.scheduler.on_add = self.reuse.seed, self.reuse.prefetch
-        self.caches = Caches(self.allocator, self.prefix_cache, self.reuse, moves_state)
-        self.requests = Requests(tokenizer, self.config.vocab_size, max_len, self.scheduler)
-        self.stepper = Stepper(self.runner, self.scheduler, self.reuse, tokenizer, max_len)
-        self.overlap = Overlap(self.stepper, self.scheduler, self.runner, self.reuse, ec.overlap)
+        """An engine over `model` as `config` says (default: `FlipjaxConfig()`); `prefix_store`
+        seeds and receives prefixes; `checkpoints` enables session checkpoints."""
+        config = config if config is not None else FlipjaxConfig()
+        self._parts: Parts = assemble(model, tokenizer, config, prefix_store, checkpoints)
+        self.info = EngineInfo(name, model.cfg, tokenizer, self._parts.max_model_len, config)
         self._drained: list[Output] = []  # finished while an operation settled the batch
-        self.sessions = Sessions(checkpoints, self.gdn_interval)
-        self.last_step: StepStats | None = None
-        self._reference = ContiguousForward(self.graphdef, self.config, dtype)
+        self._last_step: StepStats | None = None
+        self._closed = False
         if multihost.current().multi and multihost.current().leader:
             mirror.lead()  # every process built the same state; from here process 0 leads
 
     @classmethod
     def from_pretrained(
-        cls, path: str, dtype: str | jnp.dtype = "float32", layout: str | None = None,
-        prefix_store: PrefixStore | None = None, checkpoints: CheckpointBook | None = None,
-        **engine_options: int | None,
-    ) -> Engine:  # fmt: skip
+        cls,
+        path: str,
+        config: FlipjaxConfig | None = None,
+        *,
+        prefix_store: PrefixStore | None = None,
+        checkpoints: CheckpointBook | None = None,
+        **options: Any,
+    ) -> Engine:
         """`path`: a HF checkpoint folder, an orbax folder (`python -m flipjax.ckpt convert`),
-        or "tiny" (`flipjax.engine.loader`). `layout` places the state (`tp:2`, `pp:5,3`, ...;
-        default one device); `prefix_store` seeds and receives prefixes; `checkpoints` enables
-        session checkpoints; `engine_options` are `EngineConfig` fields."""
-        jdtype = parse_dtype(dtype)
-        ec = EngineConfig(**engine_options)
-        multihost.agree({"model": model_fingerprint(path), "dtype": str(jdtype),
-                         "layout": layout, **vars(ec)})  # fmt: skip
-        loaded = load(path, jdtype, layout)
+        or "tiny" (`flipjax.engine.loader`). `options` set fields of `config` by name (`dtype`,
+        `layout`, `num_pages`, ...: every field of `FlipjaxConfig`'s concerns)."""
+        config = (config if config is not None else FlipjaxConfig()).replace(model=path, **options)
+        facts = config.facts("model", "engine", "cache", "layout")
+        multihost.agree({"weights": model_fingerprint(path), **facts})
+        loaded = load(path, parse_dtype(config.model.dtype), config.layout.layout)
         return cls(
-            loaded.model, loaded.tokenizer, loaded.name, jdtype, ec, prefix_store, layout,
-            checkpoints,
-        )  # fmt: skip
+            loaded.model,
+            loaded.tokenizer,
+            config,
+            name=loaded.name,
+            prefix_store=prefix_store,
+            checkpoints=checkpoints,
+        )
 
-    # -- layout ---------------------------------------------------------------------------------
-
-    @property
-    def params(self) -> nnx.State:
-        """The parameters, wherever the current layout placed them (read through the binding)."""
-        return self.runner.params
-
-    @property
-    def layout(self) -> str:
-        """The current layout's text form: `single`, `tp:2`, `pp:5,3`, ..."""
-        return self.layouts.current
-
-    def arm(self, layout: str) -> None:
-        """Compile `layout`'s step programs now, so a later flip to it compiles nothing."""
-        self.layouts.arm(layout)
-
-    def flip(self, layout: str, reseed: bool = False) -> FlipRecord | None:
-        """Reshard the live state to `layout`; requests in flight continue where they are.
-        Returns the `FlipRecord` (None if already there); a refused or failed flip raises and
-        leaves the engine serving in its old layout. `reseed` drops the device prefix cache
-        instead of moving it (the store serves those prefixes again)."""
-        self.settle()
-        return self.layouts.flip(layout, self.caches.reseed if reseed else None)
-
-    # -- incremental API ------------------------------------------------------------------------
+    # -- requests -------------------------------------------------------------------------------
 
     def add_request(
         self,
@@ -164,59 +98,66 @@ class Engine(CheckpointAPI):
         """Queue a request; returns its id. Refusals raise ValueError and queue nothing. With
         `session_id` it is the session's next turn (after its tokens, unless the prompt was
         rendered from the whole conversation `chat`). `n` choices share one prefill
-        (`requests.choices` has their ids); `grammar` constrains every token."""
+        (`progress(...).choices` has their ids); `grammar` constrains every token."""
+        self._check_open()
+        p = self._parts
         params = sampling if sampling is not None else SamplingParams.greedy()
-        ids = self.sessions.context(session_id, chat) + self.requests.encode(prompt)
+        ids = p.sessions.context(session_id, chat) + p.requests.encode(prompt)
         seed = params.seed if params.seed is not None else secrets.randbits(32)
         seq = Sequence("", ids, params, 0, seed, session_id=session_id, chat=chat, grammar=grammar)
-        return self.requests.enqueue(seq, params, max_new_tokens, request_id, n)
-
-    def follow(self) -> int:
-        """On a process other than 0 of a cluster: run process 0's device operations until it
-        stops (returns how many ran); `ProcessLost` when it is gone."""
-        return mirror.follow({"ModelRunner": self.runner, "Layouts": self.layouts})
+        return p.requests.enqueue(seq, params, max_new_tokens, request_id, n)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self._parts.scheduler.has_work()
+
+    @property
+    def last_step(self) -> StepStats | None:
+        """What the last `step` did (cheap: read after every step by the serving loop)."""
+        return self._last_step
 
     def step(self) -> list[Output]:
         """Run one scheduler step; returns the requests that finished in it (or, with a
         decode step run ahead, whose last token was taken in during it: `overlap`)."""
-        t0 = time.perf_counter()
+        p, t0 = self._parts, time.perf_counter()
         outputs, self._drained = self._drained, []
-        rows = len(self.overlap.pending.rows) if self.overlap.pending else 0
-        ahead = self.overlap.advance()
+        rows = len(p.overlap.pending.rows) if p.overlap.pending else 0
+        ahead = p.overlap.advance()
         if ahead is not None:
             outputs += [self._finish(s) for s in ahead]
-            self.last_step = StepStats(self.layout, 0, rows, time.perf_counter() - t0)
+            self._last_step = StepStats(self._layout(), 0, rows, time.perf_counter() - t0)
             return outputs
-        outputs += [self._finish(s) for s in self.overlap.drain()]
-        plan = self.scheduler.schedule()
-        outputs += [self._finish(s) for s in self.stepper.run(plan, self.overlap)]
-        self.last_step = StepStats(
-            self.layout, sum(c.length for c in plan.prefill), len(plan.decode),
-            time.perf_counter() - t0,
-        )  # fmt: skip
+        outputs += [self._finish(s) for s in p.overlap.drain()]
+        plan = p.scheduler.schedule()
+        outputs += [self._finish(s) for s in p.stepper.run(plan, p.overlap)]
+        prefill = sum(c.length for c in plan.prefill)
+        seconds = time.perf_counter() - t0
+        self._last_step = StepStats(self._layout(), prefill, len(plan.decode), seconds)
         return outputs
 
-    def settle(self) -> None:
-        """Take in the ids of a decode step run ahead (waiting for them), so every request's
-        state is whole; what finishes is returned by the next `step`. Every operation outside a
-        step settles first."""
-        self._drained += [self._finish(s) for s in self.overlap.drain()]
-
-    def generated(self, request_id: str, start: int = 0) -> list[int]:
-        """The ids an in-flight request generated from index `start` on (what is new)."""
-        return self.requests.generated(request_id, start)[0]
+    def progress(self, request_id: str, start: int = 0) -> Progress:
+        """Where a request in flight stands: the ids (and logprobs) it generated from index
+        `start` on, its choices and prompt size; KeyError when it is not in flight."""
+        requests = self._parts.requests
+        seq = requests[request_id]
+        ids, logprobs = requests.generated(request_id, start)
+        return Progress(
+            request_id,
+            ids,
+            logprobs,
+            tuple(requests.choices(request_id)),
+            requests.prompt_tokens(request_id),
+            seq.params,
+            prompt_logprobs_of(seq) if start == 0 else None,
+        )
 
     def abort(self, request_id: str) -> Output:
         """Stop a request now and free its pages and slot (its output, if it had finished)."""
-        self.settle()
+        self._settle()
         done = [o for o in self._drained if o.request_id == request_id]
         if done:
             self._drained.remove(done[0])
             return done[0]
-        seq = self.requests[request_id]
+        seq = self._parts.requests[request_id]
         seq.finish_reason = "abort"
         return self._finish(seq)
 
@@ -242,45 +183,104 @@ class Engine(CheckpointAPI):
                 done[out.request_id] = out
         return [done[i] for i in ids]
 
-    def prompt_logits(self, token_ids: list[int]) -> np.ndarray:
-        """Logits for every prompt position, [len(token_ids), vocab] float32 (contiguous path)."""
-        ids = self.requests.encode(token_ids)
-        self.requests.check_length(len(ids))
-        return self._reference(self.runner.binding, ids)
+    # -- layouts --------------------------------------------------------------------------------
 
-    def _finish(self, seq: Sequence) -> Output:
-        self.requests.finish(seq)
-        text = final_text(seq, self.tokenizer)
-        self.sessions.record_turn(seq, text)
-        return build_output(seq, text)
+    def flip(self, layout: str, reseed: bool = False) -> FlipRecord | None:
+        """Reshard the live state to `layout`; requests in flight continue where they are.
+        Returns the `FlipRecord` (None if already there); a refused or failed flip raises and
+        leaves the engine serving in its old layout. `reseed` drops the device prefix cache
+        instead of moving it (the store serves those prefixes again)."""
+        self._settle()
+        p = self._parts
+        return p.layouts.flip(layout, p.caches.reseed if reseed else None)
 
-    # -- pools and caches -----------------------------------------------------------------------
+    def arm(self, layout: str) -> None:
+        """Compile `layout`'s step programs now, so a later flip to it compiles nothing."""
+        self._parts.layouts.arm(layout)
 
-    @property
-    def pages(self) -> PagePool:
-        return self.allocator.pages
+    def follow(self) -> int:
+        """On a process other than 0 of a cluster: run process 0's device operations until it
+        stops (returns how many ran); `ProcessLost` when it is gone."""
+        p = self._parts
+        return mirror.follow({"ModelRunner": p.runner, "Layouts": p.layouts})
 
-    @property
-    def slots(self) -> SlotPool:
-        return self.allocator.slots
+    # -- pools, caches and what the engine says about itself ------------------------------------
+
+    def stats(self) -> EngineStats:
+        """A frozen snapshot of queues, pools, counters, layout and flips (between steps)."""
+        p = self._parts
+        pages, slots, store = p.allocator.pages, p.allocator.slots, p.prefix_store
+        pools = {"pages_total": pages.total, "pages_free": pages.num_free}
+        pools |= {"slots_total": slots.total, "slots_free": slots.num_free}
+        cache, sched = p.prefix_cache, p.scheduler
+        everyone = (*sched.waiting, *sched.running)
+        decoders = [s for s in sched.running if s.is_decoding]
+        return EngineStats(
+            layout=self._layout(),
+            generation=p.layouts.generation,
+            armed=tuple(p.layouts.armed),
+            flips=tuple(p.layouts.flips),
+            devices=len(p.runner.binding.placement.devices),
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            queued_tokens=sum(s.num_pending for s in everyone) - len(decoders),
+            decode_tokens_left=tuple(s.max_tokens - len(s.output_ids) for s in decoders),
+            awaiting_first_token=MappingProxyType(
+                {s.request_id: s.arrival_time for s in everyone if len(s.output_ids) == s.carried}
+            ),
+            pools=frozen(pools | p.caches.usage()),
+            prefix=frozen(p.reuse.counters),
+            relief=frozen(sched.counters),
+            store={t: frozen(c) for t, c in (store.stats() if store else {}).items()},
+            prefix_cache_states=cache.max_states if cache is not None else 0,
+            gdn_interval=p.gdn_interval,
+            compiles=p.runner.compiles.count,
+            last_step=self._last_step,
+        )
 
     def check(self) -> None:
-        self.settle()
-        self.caches.check()
+        """Prove every page and slot has one owner or is free; raises naming the culprit."""
+        self._settle()
+        self._parts.caches.check()
 
     def flush_prefix_cache(self) -> dict[str, int]:
-        self.settle()
-        return self.caches.flush()
+        """Drop the device prefix cache (requests in flight keep what they use); the pages and
+        states released."""
+        self._settle()
+        return self._parts.caches.flush()
 
     def warmup(self) -> None:
-        self.caches.warmup(self.runner)
+        """Compile every step shape now, so serving never compiles the model step later."""
+        self._parts.caches.warmup(self._parts.runner)
 
-    @property
-    def prefix_counters(self) -> Counter[str]:
-        """Admissions by where their prefix came from (hits_device, hits_host, hits_disk, or
-        misses), and hit_tokens_* per tier."""
-        return self.reuse.counters
+    def close(self) -> None:
+        """Abort every request in flight and refuse new ones; pages and slots return to the
+        pools. Idempotent."""
+        if self._closed:
+            return
+        for request_id in self._parts.requests.ids():
+            self.abort(request_id)
+        self._drained.clear()
+        self._closed = True
 
-    @property
-    def compile_count(self) -> int:
-        return self.runner.compiles.count
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _layout(self) -> str:
+        return self._parts.layouts.current
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("engine: closed")
+
+    def _settle(self) -> None:
+        """Take in the ids of a decode step run ahead (waiting for them), so every request's
+        state is whole; what finishes is returned by the next `step`. Every operation outside a
+        step settles first."""
+        self._drained += [self._finish(s) for s in self._parts.overlap.drain()]
+
+    def _finish(self, seq: Sequence) -> Output:
+        p = self._parts
+        p.requests.finish(seq)
+        text = final_text(seq, self.info.tokenizer)
+        p.sessions.record_turn(seq, text)
+        return build_output(seq, text)

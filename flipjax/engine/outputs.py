@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from flipjax.engine.sequence import Sequence, TokenLogprob
 from flipjax.model.tokenizer import Tokenizer
+from flipjax.runtime.sampling import SamplingParams
 
 
 @dataclass
@@ -72,3 +73,18 @@ def build_output(seq: Sequence, text: str) -> Output:
 def prompt_logprobs(seq: Sequence) -> list[TokenLogprob | None] | None:
     """One per prompt token, None for the first; None when the request did not ask."""
     return None if seq.params.prompt_logprobs is None else [None, *seq.prompt_logprobs]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a request in flight stands: what it generated from some index on, and what a
+    streaming client needs with its first tokens."""
+
+    request_id: str
+    new_ids: list[int]  # generated from the index asked for on
+    new_logprobs: list[TokenLogprob]  # theirs, when the request asked for logprobs
+    choices: tuple[str, ...]  # its parallel choices' ids, itself first
+    prompt_tokens: int
+    sampling: SamplingParams
+    # With prompt logprobs, and only when asked from index 0: one per prompt token.
+    prompt_logprobs: list[TokenLogprob | None] | None = None

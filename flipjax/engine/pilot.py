@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flipjax.engine.engine import Engine, StepStats
-from sharding.flip import FlipError
+from sharding.flip import FlipError, FlipRecord
 from sharding.governor import Governor
 from sharding.layout import LayoutError
 from sharding.policy import FlipCosts, FlipTo, PolicyConfig, Snapshot, Throughput
@@ -77,11 +77,14 @@ class Autopilot:
         paused meanwhile (nothing looked up, nothing published). Ends in the prefill layout,
         with no request left; its flips feed the cost estimates but start no dwell."""
         rng = random.Random(0)
-        vocab = engine.config.vocab_size
-        pool_tokens = engine.pages.total * engine.engine_config.page_size
-        prompt_tokens = min(prompt_tokens, engine.max_model_len - 16, pool_tokens // 2)
-        rows = min(rows, engine.engine_config.max_running_requests)
-        with engine.reuse.paused():
+        info = engine.info
+        vocab, ec = info.model.vocab_size, info.config.engine
+        pool_tokens = ec.num_pages * ec.page_size
+        prompt_tokens = min(prompt_tokens, info.max_model_len - 16, pool_tokens // 2)
+        rows = min(rows, ec.max_running_requests)
+        # The pilot is part of the engine: it alone may pause reuse, so calibration neither
+        # looks up nor publishes its random prompts.
+        with engine._parts.reuse.paused():
             for layout in (self.config.decode_layout, self.config.prefill_layout):
                 engine.flip(layout)
                 for n, count, new in ((prompt_tokens, 1, 1), (4, rows, 8)):
@@ -90,29 +93,32 @@ class Autopilot:
                         engine.add_request(ids, max_new_tokens=new)
                     while engine.has_unfinished():
                         engine.step()
-                        self.observe(engine.last_step)
-        for record in engine.layouts.flips[self.seen_flips :]:
+                        self.observe(engine.stats().last_step)
+        flips = engine.stats().flips
+        for record in flips[self.seen_flips :]:
             self.costs.observe(record.source, record.target, record.total_ms / 1e3)
-        self.seen_flips = len(engine.layouts.flips)
+        self.seen_flips = len(flips)
 
     # -- deciding -------------------------------------------------------------------------------
 
     def tick(self, engine: Engine) -> FlipTo | None:
         """Decide on the engine's current load, and flip if the policy says so."""
         self.counters["ticks"] += 1
-        awaiting = _awaiting(engine)
-        self._sync(engine, frozenset(awaiting))
-        scheduler = engine.scheduler
-        queued = sum(s.num_pending for s in scheduler.waiting)
-        queued += sum(s.num_pending for s in scheduler.running if not s.is_decoding)
-        decoders = [s for s in scheduler.running if s.is_decoding]
+        stats = engine.stats()
+        awaiting = stats.awaiting_first_token
+        self._sync(stats.flips, frozenset(awaiting))
         horizon = self.config.horizon_tokens
-        left = sum(min(s.max_tokens - len(s.output_ids), horizon) for s in decoders)
+        left = sum(min(n, horizon) for n in stats.decode_tokens_left)
         waited = time.perf_counter() - min(awaiting.values(), default=time.perf_counter())
         snapshot = Snapshot(
-            self.clock(), engine.layout, queued, len(decoders), self.throughput(),
-            waiting_s=waited, decode_tokens_left=left,
-        )  # fmt: skip
+            self.clock(),
+            stats.layout,
+            stats.queued_tokens,
+            len(stats.decode_tokens_left),
+            self.throughput(),
+            waiting_s=waited,
+            decode_tokens_left=left,
+        )
         choice = self.governor.decide(snapshot, frozenset(awaiting))
         if not isinstance(choice, FlipTo):
             self.counters["stays"] += 1
@@ -124,18 +130,18 @@ class Autopilot:
             self.governor.failed(str(err), self.clock())
             log.warning("phase policy: flip to %s refused, backing off: %s", choice.layout, err)
             return None
-        self._sync(engine, frozenset(awaiting))
+        self._sync(engine.stats().flips, frozenset(awaiting))
         self.counters["flips"] += 1
         log.info("phase policy: flip to %s (%s)", choice.layout, choice.terms)
         return choice
 
-    def _sync(self, engine: Engine, awaiting: frozenset[str]) -> None:
+    def _sync(self, flips: tuple[FlipRecord, ...], awaiting: frozenset[str]) -> None:
         """Fold in the flips the engine made since the last look, whoever asked for them."""
-        for record in engine.layouts.flips[self.seen_flips :]:
+        for record in flips[self.seen_flips :]:
             self.governor.flipped(
                 record.source, record.target, record.total_ms / 1e3, self.clock(), awaiting
             )
-        self.seen_flips = len(engine.layouts.flips)
+        self.seen_flips = len(flips)
 
     def describe(self) -> dict[str, Any]:
         """The policy's state, for `/phase`."""
@@ -150,13 +156,3 @@ class Autopilot:
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
-
-
-def _awaiting(engine: Engine) -> dict[str, float]:
-    """Requests without a first token yet, by arrival time."""
-    scheduler = engine.scheduler
-    return {
-        s.request_id: s.arrival_time
-        for s in (*scheduler.waiting, *scheduler.running)
-        if len(s.output_ids) == s.carried
-    }

@@ -1,6 +1,6 @@
 """The contiguous reference forward: every prompt position's logits in one program.
 
-The paged engine is tested against this path, and it serves `Engine.prompt_logits`. It runs
+The paged engine is tested against this path (the tests' `support.internals.prompt_logits`). It runs
 the whole model as one program, so it needs a single-stage layout (single or tp).
 """
 

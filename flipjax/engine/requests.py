@@ -108,6 +108,10 @@ class Requests:
         self[request_id]
         return list(self._choices.get(request_id, [request_id]))
 
+    def ids(self) -> list[str]:
+        """Every request in flight, choices included."""
+        return list(self._live)
+
     def __getitem__(self, request_id: str) -> Sequence:
         seq = self._live.get(request_id)
         if seq is None:

@@ -52,37 +52,52 @@ class Row:
     targets: list[int] | None = None  # the token after each of `tokens`, to score (prefill)
 
 
+@dataclass(frozen=True)
+class RunnerShape:
+    """What fixes the runner's pools and step shapes (the engine derives it from its config)."""
+
+    cfg: ModelConfig
+    dtype: jnp.dtype
+    page_size: int
+    num_pages: int
+    num_slots: int
+    max_model_len: int
+    max_running_requests: int
+    max_prefill_tokens: int
+
+
 class ModelRunner:
     def __init__(
         self,
-        cfg: ModelConfig,
         graphdef: nnx.GraphDef,
         params: nnx.State,
-        dtype: jnp.dtype,
-        page_size: int,
-        num_pages: int,
-        num_slots: int,
-        max_model_len: int,
-        max_running_requests: int,
-        max_prefill_tokens: int,
+        shape: RunnerShape,
         placement: Placement | None = None,
     ):
         host_memory.keep_freed_buffers()  # the step's temporaries reuse memory, not fault it in
-        self.cfg = cfg
+        self.cfg = cfg = shape.cfg
         self.graphdef = graphdef
-        self.num_slots = num_slots
-        self.table_width = pages_for(max_model_len, page_size)
-        self.decode_buckets = _pow2_range(1, max_running_requests)
-        self.prefill_buckets = _pow2_range(MIN_PREFILL_BUCKET, max_prefill_tokens)
+        self.num_slots = shape.num_slots
+        self.table_width = pages_for(shape.max_model_len, shape.page_size)
+        self.decode_buckets = _pow2_range(1, shape.max_running_requests)
+        self.prefill_buckets = _pow2_range(MIN_PREFILL_BUCKET, shape.max_prefill_tokens)
         self.compiles = CompileCounter()
         self.kernels = dispatch.current_mode()
         self.parts = ModelParts.of(graphdef, params)
-        state = init_cache_state(cfg, num_pages, page_size, num_slots, dtype)
+        state = init_cache_state(
+            cfg, shape.num_pages, shape.page_size, shape.num_slots, shape.dtype
+        )
         self.binding = Binding.place(
-            placement or single_device(cfg), params, state, cfg=cfg, parts=self.parts,
-            kernels=self.kernels, dtype=dtype,
-            table_width=self.table_width, compiles=self.compiles,
-        )  # fmt: skip
+            placement or single_device(cfg),
+            params,
+            state,
+            cfg=cfg,
+            parts=self.parts,
+            kernels=self.kernels,
+            dtype=shape.dtype,
+            table_width=self.table_width,
+            compiles=self.compiles,
+        )
 
     @property
     def params(self) -> nnx.State:

@@ -10,39 +10,42 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from flipjax.engine.engine import Engine
 from serve.auth import State, require_admin
+from serve.dispatch import Phase
 from serve.errors import APIError, bad_request
+from serve.messages import Flip, FlushCache, ReadPhase
 from serve.protocol.admin import AbortRequest, FlipRequest
 from serve.state import ServerState
 
 router = APIRouter(dependencies=[Depends(require_admin)], tags=["admin"])
 
 
-def phase_state(state: ServerState, engine: Engine) -> dict[str, Any]:
-    flips = engine.layouts.flips
-    last = None if not flips else {**asdict(flips[-1]), "direction": flips[-1].direction}
-    pilot = state.autopilot
+async def phase_state(state: ServerState) -> dict[str, Any]:
+    phase: Phase = await asyncio.to_thread(state.loop.call, ReadPhase())
+    stats = phase.stats
+    last = stats.flips[-1] if stats.flips else None
     return {
-        "layout": engine.layout, "generation": engine.layouts.generation, "last_flip": last,
-        "policy": pilot.describe() if pilot is not None else {"policy": "manual"},
-    }  # fmt: skip
+        "layout": stats.layout,
+        "generation": stats.generation,
+        "last_flip": None if last is None else {**asdict(last), "direction": last.direction},
+        "policy": phase.policy,
+    }
 
 
 @router.get("/phase")
 async def phase(state: State) -> dict[str, Any]:
-    return await asyncio.to_thread(state.loop.call, lambda e: phase_state(state, e))
+    return await phase_state(state)
 
 
 @router.post("/phase_flip")
 async def phase_flip(req: FlipRequest, state: State) -> dict[str, Any]:
     try:
-        await asyncio.to_thread(state.loop.call, lambda e: e.flip(req.to, req.reseed))
+        await asyncio.to_thread(state.loop.call, Flip(req.to, req.reseed))
     except ValueError as e:  # LayoutError: the layout cannot hold this model here
         raise bad_request(f"to: {e}", "to") from None
     except RuntimeError as e:  # FlipError: failed before the swap; the old layout serves
         raise APIError(500, str(e), "to", "internal_error") from None
-    return await asyncio.to_thread(state.loop.call, lambda e: phase_state(state, e))
+    return await phase_state(state)
 
 
 @router.post("/abort_request")
@@ -56,5 +59,5 @@ async def abort_request(req: AbortRequest, state: State) -> dict[str, str]:
 @router.post("/flush_cache")
 async def flush_cache(state: State) -> dict[str, Any]:
     """Drop the device prefix cache; the store's host and disk tiers keep their entries."""
-    flushed = await asyncio.to_thread(state.loop.call, lambda e: e.flush_prefix_cache())
+    flushed = await asyncio.to_thread(state.loop.call, FlushCache())
     return {"flushed": flushed}

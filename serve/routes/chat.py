@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from serve.auth import State, require_api_key
 from serve.errors import bad_request
 from serve.limits import check_choices
+from serve.messages import NewRequest, ReadSession
 from serve.protocol.chat import ChatRequest
 from serve.render_chat import ChatRenderer
 from serve.streaming import sse
@@ -33,9 +34,7 @@ async def chat_completions(req: ChatRequest, state: State) -> Response:
     state.check_model(req.model)
     messages = [m.for_template() for m in req.messages]
     if req.session_id is not None:  # the session's conversation so far comes first
-        session = await asyncio.to_thread(
-            state.loop.call, lambda e: e.sessions.get(req.session_id)
-        )
+        session = await asyncio.to_thread(state.loop.call, ReadSession(req.session_id))
         messages = [*(session.chat or []), *messages] if session is not None else messages
     tools = plan(req)
     try:
@@ -49,20 +48,24 @@ async def chat_completions(req: ChatRequest, state: State) -> Response:
     k = req.top_logprobs if req.logprobs else None
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs: needs logprobs to be true", "top_logprobs")
-    check_choices(req.n, "n", state.max_n)
+    check_choices(req.n, "n", state.config.max_n)
     params = req.sampling_params(max_tokens=req.output_tokens, logprobs=k)
     grammar = await grammar_for(state, req, tools.spec)
-    submitted = await submit(state, [
-        lambda e: e.add_request(
-            prompt, params, max_new_tokens=None, session_id=req.session_id, chat=messages,
-            n=req.n, grammar=grammar() if grammar is not None else None,
-        )
-    ])  # fmt: skip
+    request = NewRequest(
+        prompt,
+        params,
+        max_new_tokens=None,
+        session_id=req.session_id,
+        chat=messages,
+        n=req.n,
+        grammar=grammar() if grammar is not None else None,
+    )
+    submitted = await submit(state, [request])
     cid = f"chatcmpl-{submitted.choices[0].request_id}"
-    reasoning = state.reasoning_parser is not None
+    reasoning = state.config.reasoning_parser is not None
     opened = reasoning and prompt.rstrip().endswith(THINK_OPEN)
     renderer = ChatRenderer(
-        cid, state.model_name, state.engine.tokenizer, k, tools, reasoning, opened
+        cid, state.model_name, state.info.tokenizer, k, tools, reasoning, opened
     )
     if req.stream:
         events = sse(state, submitted, renderer, list(params.stop), req.stream_options)

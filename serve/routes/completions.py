@@ -8,16 +8,16 @@ the prompt and its logprobs (how lm-eval scores multiple-choice tasks).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from flipjax.engine.engine import Engine, Output
+from flipjax.engine.engine import Output
 from serve.auth import State, require_api_key
 from serve.errors import bad_request
 from serve.limits import check_choices
+from serve.messages import NewRequest
 from serve.protocol.completions import CompletionRequest, GenerateRequest
 from serve.render_completion import CompletionRenderer
 from serve.streaming import sse
@@ -36,8 +36,8 @@ async def completions(req: CompletionRequest, state: State) -> Response:
     if not prompts:
         raise bad_request("prompt: is empty", "prompt")
     best_of = req.best_of or req.n
-    check_choices(req.n, "n", state.max_n)
-    check_choices(best_of, "best_of", state.max_n)
+    check_choices(req.n, "n", state.config.max_n)
+    check_choices(best_of, "best_of", state.config.max_n)
     if best_of < req.n:
         raise bad_request(f"best_of: {best_of} is below n {req.n}", "best_of")
     if req.stream and best_of > req.n:
@@ -50,14 +50,18 @@ async def completions(req: CompletionRequest, state: State) -> Response:
     )
     grammar = await grammar_for(state, req)
 
-    def start(prompt: str | list[int]) -> Callable[[Engine], str]:
-        return lambda e: e.add_request(
-            prompt, params, session_id=req.session_id, n=best_of,
+    requests = [
+        NewRequest(
+            prompt,
+            params,
+            session_id=req.session_id,
+            n=best_of,
             grammar=grammar() if grammar is not None else None,
-        )  # fmt: skip
-
-    submitted = await submit(state, [start(p) for p in prompts])
-    tokenizer = state.engine.tokenizer
+        )
+        for prompt in prompts
+    ]
+    submitted = await submit(state, requests)
+    tokenizer = state.info.tokenizer
     echo = [_echoed(tokenizer, p) for p in prompts] if req.echo else None
     cid = f"cmpl-{submitted.choices[0].request_id}"
     renderer = CompletionRenderer(cid, state.model_name, tokenizer, k, echo)
@@ -80,14 +84,13 @@ def _best(submitted: Submitted, outputs: list[Output], n: int) -> tuple[Submitte
     """Each prompt's `n` choices with the highest cumulative logprob, renumbered."""
     kept: list[tuple[Any, Output]] = []
     for prompt in sorted({c.prompt for c in submitted.choices}):
-        pairs = [(c, o) for c, o in zip(submitted.choices, outputs, strict=True)
-                 if c.prompt == prompt]  # fmt: skip
+        pairs = [
+            (c, o) for c, o in zip(submitted.choices, outputs, strict=True) if c.prompt == prompt
+        ]
         pairs.sort(key=lambda p: -sum(lp.logprob for lp in p[1].logprobs or []))
         kept += pairs[:n]
-    choices = [
-        type(c)(i, c.request_id, c.prompt, c.prompt_tokens) for i, (c, _) in enumerate(kept)
-    ]
-    return Submitted(choices, submitted.updates), [o for _, o in kept]
+    choices = [type(c)(i, c.request_id, c.prompt, c.prompt_tokens) for i, (c, _) in enumerate(kept)]
+    return Submitted(choices, submitted.updates, submitted.sampling), [o for _, o in kept]
 
 
 @router.post("/generate", response_model=None)
@@ -95,10 +98,13 @@ async def generate(req: GenerateRequest, state: State) -> Response:
     if req.stream:
         raise bad_request("stream: /generate answers once; use /v1/completions", "stream")
     params = req.sampling_params()
-    submitted = await submit(state, [lambda e: e.add_request(req.input_ids, params)])
+    submitted = await submit(state, [NewRequest(req.input_ids, params)])
     out = (await collect(state, submitted))[0]
-    return JSONResponse({
-        "request_id": out.request_id, "output_ids": out.token_ids, "text": out.text,
-        "finish_reason": out.finish_reason, "usage": submitted.final_usage([out]),
-    })  # fmt: skip
-
+    body = {
+        "request_id": out.request_id,
+        "output_ids": out.token_ids,
+        "text": out.text,
+        "finish_reason": out.finish_reason,
+        "usage": submitted.final_usage([out]),
+    }
+    return JSONResponse(body)

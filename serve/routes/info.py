@@ -16,6 +16,7 @@ from flipjax.model.tiny import TINY_DESCRIPTION, TINY_NAME
 from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer
 from serve.auth import State, require_api_key
 from serve.errors import bad_request
+from serve.messages import ReadStats
 from serve.protocol.sampling import UNKNOWN_FIELDS
 from serve.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from serve.state import ServerState
@@ -45,7 +46,8 @@ async def server_version() -> dict[str, str]:
 
 @router.get("/metrics")
 async def prometheus(state: State) -> Response:
-    await asyncio.to_thread(state.loop.call, state.metrics.read_engine)
+    stats = await asyncio.to_thread(state.loop.call, ReadStats())
+    state.metrics.read_engine(stats)
     grammars = state.grammars.counters if state.grammars is not None else {}
     state.metrics.read_server(UNKNOWN_FIELDS, grammars)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
@@ -53,14 +55,18 @@ async def prometheus(state: State) -> Response:
 
 @guarded.get("/v1/models")
 async def models(state: State) -> dict[str, Any]:
-    engine = state.engine
+    info = state.info
     cards = []
     for name in state.served_names:
         card: dict[str, Any] = {
-            "id": name, "object": "model", "created": state.created, "owned_by": "flipjax",
-            "root": engine.name, "max_model_len": engine.max_model_len,
-        }  # fmt: skip
-        if engine.name == TINY_NAME:
+            "id": name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "flipjax",
+            "root": info.name,
+            "max_model_len": info.max_model_len,
+        }
+        if info.name == TINY_NAME:
             card["description"] = TINY_DESCRIPTION
         cards.append(card)
     return {"object": "list", "data": cards}
@@ -82,13 +88,13 @@ async def tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
             )  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a template error is the request's problem
             raise bad_request(f"messages: the chat template failed: {e}", "messages") from None
-    tokenizer = state.engine.tokenizer
+    tokenizer = state.info.tokenizer
     try:
         tokens = tokenizer.encode(text or "")
     except ValueError as err:
         raise bad_request(str(err), "prompt") from None
     out: dict[str, Any] = {
-        "count": len(tokens), "max_model_len": state.engine.max_model_len, "tokens": tokens,
+        "count": len(tokens), "max_model_len": state.info.max_model_len, "tokens": tokens,
     }  # fmt: skip
     if req.return_token_strs:
         out["token_strs"] = [tokenizer.decode([t]) for t in tokens]
@@ -98,25 +104,25 @@ async def tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
 @guarded.post("/detokenize")
 async def detokenize(req: DetokenizeRequest, state: State) -> dict[str, str]:
     state.check_model(req.model)
-    vocab = state.engine.config.vocab_size
+    vocab = state.info.model.vocab_size
     bad = [t for t in req.tokens if not 0 <= t < vocab]
     if bad:
         raise bad_request(f"tokens: ids {bad[:8]} are outside the vocabulary [0, {vocab})",
                           "tokens")  # fmt: skip
-    return {"prompt": state.engine.tokenizer.decode(req.tokens)}
+    return {"prompt": state.info.tokenizer.decode(req.tokens)}
 
 
 @guarded.get("/tokenizer_info")
 async def tokenizer_info(state: State) -> dict[str, Any]:
     return {
-        "tokenizer_class": type(state.engine.tokenizer).__name__,
+        "tokenizer_class": type(state.info.tokenizer).__name__,
         "eos_token": _eos_text(state), "bos_token": None, "pad_token": None,
-        "chat_template": state.template.source, "model_max_length": state.engine.max_model_len,
+        "chat_template": state.template.source, "model_max_length": state.info.max_model_len,
     }  # fmt: skip
 
 
 def _eos_text(state: ServerState) -> str | None:
-    tokenizer = state.engine.tokenizer
+    tokenizer = state.info.tokenizer
     eos = tokenizer.eos_token_id
     if eos is None:
         return None

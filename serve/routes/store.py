@@ -14,17 +14,23 @@ checkpoints pin (and says how much) and leaves the device prefix cache (`/flush_
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from serve.auth import State, require_admin
 from serve.errors import APIError, bad_request
+from serve.messages import (
+    AttachStore,
+    ClearStore,
+    DetachStore,
+    Message,
+    ResizeStore,
+    ShowStore,
+)
 from serve.protocol.admin import AttachRequest, ClearRequest, ResizeRequest
 from serve.state import ServerState
 from serve.store_control import StoreControl
-from store.disk import DiskTier
 from store.tiered import TieredStore
 
 ROUTE = "/hicache/storage-backend"
@@ -33,44 +39,27 @@ clear_router = APIRouter(dependencies=[Depends(require_admin)], tags=["store"])
 
 
 def _store(state: ServerState) -> tuple[TieredStore, StoreControl]:
-    bridge = state.engine.prefix_store
-    if bridge is None or state.store_control is None:
+    if state.store is None or state.store_control is None:
         raise APIError(404, "store: this server runs without a KV store")
-    return bridge.store, state.store_control
+    return state.store, state.store_control
 
 
-def describe(store: TieredStore) -> dict[str, Any]:
-    disk, remote = store.disk, store.remote
-    return {
-        "host": {"budget_bytes": store.host.budget_bytes, "used_bytes": store.host.used_bytes},
-        "disk": None if disk is None else {
-            "dir": disk.root, "budget_bytes": disk.budget_bytes, "used_bytes": disk.used_bytes,
-            "min_free_bytes": disk.min_free_bytes, "footprint_bytes": disk.footprint(),
-        },
-        "remote": None if remote is None else {
-            "url": remote.url, "available": remote.available, "last_error": remote.last_error,
-        },
-        "counters": store.stats(),
-    }  # fmt: skip
-
-
-async def _change(state: ServerState, store: TieredStore, change: Callable[[], Any]) -> Any:
+async def _change(state: ServerState, message: Message) -> Any:
     try:
-        await asyncio.to_thread(state.loop.call, lambda _: change())
+        return await asyncio.to_thread(state.loop.call, message)
     except RuntimeError as e:  # attach twice, detach or resize with none attached
         raise APIError(409, f"store: {e}", None, "conflict") from None
-    return describe(store)
 
 
 @router.get("")
 async def show(state: State) -> dict[str, Any]:
-    store, _ = _store(state)
-    return await _change(state, store, lambda: None)
+    _store(state)
+    return await _change(state, ShowStore())
 
 
 @router.put("")
 async def attach(req: AttachRequest, state: State) -> dict[str, Any]:
-    store, control = _store(state)
+    _, control = _store(state)
     folder = req.dir or control.folder
     if folder is None:
         raise bad_request("dir: no disk folder known; give one", "dir")
@@ -78,34 +67,19 @@ async def attach(req: AttachRequest, state: State) -> dict[str, Any]:
         folder = control.allowed(folder)
     except ValueError as err:
         raise bad_request(str(err), "dir") from None
-
-    def attach_disk() -> None:
-        if store.disk is not None:
-            raise RuntimeError(f"a disk tier is attached already at {store.disk.root}")
-        disk = DiskTier(folder, control.identity, int(req.disk_gb * 2**30), control.min_free_bytes)
-        store.attach_disk(disk)
-        control.folder = folder
-
-    return await _change(state, store, attach_disk)
+    return await _change(state, AttachStore(folder, int(req.disk_gb * 2**30)))
 
 
 @router.delete("")
 async def detach(state: State) -> dict[str, Any]:
-    store, _ = _store(state)
-
-    def detach_disk() -> None:
-        disk = store.detach_disk()
-        if disk is None:
-            raise RuntimeError("no disk tier is attached")
-        disk.close()
-
-    return await _change(state, store, detach_disk)
+    _store(state)
+    return await _change(state, DetachStore())
 
 
 @router.post("/resize")
 async def resize(req: ResizeRequest, state: State) -> dict[str, Any]:
-    store, _ = _store(state)
-    return await _change(state, store, lambda: store.resize_disk(int(req.disk_gb * 2**30)))
+    _store(state)
+    return await _change(state, ResizeStore(int(req.disk_gb * 2**30)))
 
 
 @clear_router.post("/hicache/clear")
@@ -114,7 +88,7 @@ async def clear(req: ClearRequest, state: State) -> dict[str, Any]:
     if req.remote and store.remote is None:
         raise bad_request("remote: this server runs without a remote tier", "remote")
     await asyncio.to_thread(store.flush)  # the long wait happens beside the loop, not in it
-    cleared = await asyncio.to_thread(state.loop.call, lambda _: store.clear())
+    cleared = await asyncio.to_thread(state.loop.call, ClearStore())
     if req.remote:
         cleared["remote"] = {"removed": await asyncio.to_thread(store.remote.clear)}
-    return {"cleared": cleared, **describe(store)}
+    return {"cleared": cleared, **await _change(state, ShowStore())}

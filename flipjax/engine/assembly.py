@@ -1,0 +1,117 @@
+"""How an engine's parts are built from its config and wired together: the allocator and the
+pools, the device prefix cache, the scheduler, the model runner, the layouts, prefix reuse,
+the request table, the stepper and the overlap of decode steps, and sessions.
+
+`Parts` is the engine's inside. Only `flipjax.engine` reaches into it (and the test-support
+module the tests document), so what the engine exposes stays its narrow API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flax import nnx
+
+from flipjax.config.tree import FlipjaxConfig
+from flipjax.engine.caches import Caches
+from flipjax.engine.overlap import Overlap
+from flipjax.engine.prefix_reuse import PrefixReuse
+from flipjax.engine.radix_cache import RadixCache
+from flipjax.engine.reference import ContiguousForward
+from flipjax.engine.requests import Requests
+from flipjax.engine.scheduler import Scheduler
+from flipjax.engine.sessions import Sessions
+from flipjax.engine.step import Stepper
+from flipjax.model.dtypes import parse_dtype
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.tokenizer import Tokenizer
+from flipjax.runtime.allocator import Allocator
+from flipjax.runtime.model_runner import ModelRunner, RunnerShape
+from sharding.flip import Layouts
+from sharding.layout import placement_for
+from store.checkpoints import CheckpointBook
+from store.prefix import PrefixStore
+
+
+@dataclass
+class Parts:
+    config: FlipjaxConfig
+    graphdef: nnx.GraphDef
+    gdn_interval: int
+    max_model_len: int
+    allocator: Allocator
+    prefix_cache: RadixCache | None
+    prefix_store: PrefixStore | None
+    scheduler: Scheduler
+    runner: ModelRunner
+    layouts: Layouts
+    reuse: PrefixReuse
+    caches: Caches
+    requests: Requests
+    stepper: Stepper
+    overlap: Overlap
+    sessions: Sessions
+    reference: ContiguousForward
+
+
+def assemble(
+    model: Qwen3NextForCausalLM,
+    tokenizer: Tokenizer,
+    config: FlipjaxConfig,
+    prefix_store: PrefixStore | None,
+    checkpoints: CheckpointBook | None,
+) -> Parts:
+    ec, cc, lc = config.engine, config.cache, config.layout
+    cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
+    graphdef, params = nnx.split(model)
+    interval = cc.gdn_interval(ec.page_size, prefix_store)
+    allocator = Allocator(ec.num_pages, ec.slots, ec.page_size)
+    prefix_cache = None
+    if cc.prefix_cache and ec.slots > ec.max_running_requests:
+        states = ec.slots - ec.max_running_requests
+        prefix_cache = RadixCache(allocator, interval, max_states=states)
+    moves_state = prefix_cache is not None or prefix_store is not None
+    scheduler = Scheduler(
+        allocator,
+        ec.max_running_requests,
+        ec.max_prefill_tokens,
+        chunk_grid=interval if moves_state else None,
+        prefix_cache=prefix_cache,
+        prefetch_wait_s=cc.prefetch_wait_s,
+    )
+    max_len = ec.model_len(cfg)
+    shape = RunnerShape(
+        cfg,
+        dtype,
+        ec.page_size,
+        ec.num_pages,
+        ec.slots,
+        max_len,
+        ec.max_running_requests,
+        ec.max_prefill_tokens,
+    )
+    placement = placement_for(lc.layout, cfg) if lc.layout is not None else None
+    runner = ModelRunner(graphdef, params, shape, placement)
+    layouts = Layouts(runner, allocator, moves_state, headroom=lc.flip_memory_headroom)
+    reuse = PrefixReuse(runner, scheduler, ec.page_size, interval, prefix_cache, prefix_store)
+    scheduler.on_admit, scheduler.on_add = reuse.seed, reuse.prefetch
+    stepper = Stepper(runner, scheduler, reuse, tokenizer, max_len)
+    return Parts(
+        config=config,
+        graphdef=graphdef,
+        gdn_interval=interval,
+        max_model_len=max_len,
+        allocator=allocator,
+        prefix_cache=prefix_cache,
+        prefix_store=prefix_store,
+        scheduler=scheduler,
+        runner=runner,
+        layouts=layouts,
+        reuse=reuse,
+        caches=Caches(allocator, prefix_cache, reuse, moves_state),
+        requests=Requests(tokenizer, cfg.vocab_size, max_len, scheduler),
+        stepper=stepper,
+        overlap=Overlap(stepper, scheduler, runner, reuse, ec.overlap),
+        sessions=Sessions(checkpoints, interval),
+        reference=ContiguousForward(graphdef, cfg, dtype),
+    )

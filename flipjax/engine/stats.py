@@ -1,0 +1,56 @@
+"""What the engine says about itself: `EngineInfo`, fixed at construction (the model, its
+tokenizer, the context, the config), and `EngineStats`, a frozen snapshot taken between two
+steps (queues, pools, prefix-cache and store counters, layout, flips, compiles).
+
+Metrics, admin routes, the phase policy, the CLI and the benchmarks read these and nothing
+else of the engine's insides; a snapshot shares nothing mutable with the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from flipjax.config.tree import FlipjaxConfig
+from flipjax.engine.outputs import StepStats
+from flipjax.model.config import ModelConfig
+from flipjax.model.tokenizer import Tokenizer
+from sharding.flip import FlipRecord
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    name: str  # the model's name (its folder's, or "tiny")
+    model: ModelConfig
+    tokenizer: Tokenizer
+    max_model_len: int  # prompt + output, at most
+    config: FlipjaxConfig
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    layout: str  # the current layout's text form: single, tp:2, pp:5,3, ...
+    generation: int  # binding generation: one per flip
+    armed: tuple[str, ...]  # layouts whose programs are compiled
+    flips: tuple[FlipRecord, ...]  # every flip so far, oldest first
+    devices: int  # devices the current layout spans
+    running: int
+    waiting: int
+    queued_tokens: int  # prompt tokens still to prefill, waiting and running requests'
+    decode_tokens_left: tuple[int, ...]  # per decoding request: tokens it may still generate
+    awaiting_first_token: Mapping[str, float]  # request id -> arrival (perf_counter seconds)
+    # pages_total, pages_free, pages_requests, pages_cache, and slots_* alike
+    pools: Mapping[str, int]
+    prefix: Mapping[str, int]  # admissions by where their prefix came from, hit tokens per tier
+    relief: Mapping[str, int]  # relief-ladder steps taken when pages ran short
+    store: Mapping[str, Mapping[str, int]]  # the KV store's counters by tier; {} without one
+    prefix_cache_states: int  # GDN states the device prefix cache may keep (0: it is off)
+    gdn_interval: int  # tokens between cached GDN states
+    compiles: int  # step programs compiled by this engine
+    last_step: StepStats | None
+
+
+def frozen(counts: Mapping[str, int]) -> Mapping[str, int]:
+    """A read-only copy: the snapshot must not change as the engine steps on."""
+    return MappingProxyType(dict(counts))

@@ -1,0 +1,34 @@
+"""The one door the tests have into an engine's inside, beside its public API.
+
+Tests of the parts (the scheduler, the allocator, the runner, the layouts, prefix reuse, the
+overlap of decode steps) need to look at what the engine keeps private; they do it through
+these functions, so that the architecture test can hold everything else in the project to
+`Engine`'s narrow API. Production code never imports this module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flax import nnx
+
+from flipjax.engine.assembly import Parts
+from flipjax.engine.engine import Engine
+
+
+def parts(engine: Engine) -> Parts:
+    """Every part of `engine`: allocator, scheduler, runner, layouts, reuse, requests, ..."""
+    return engine._parts
+
+
+def params(engine: Engine) -> nnx.State:
+    """The parameters, wherever the current layout placed them (read through the binding)."""
+    return engine._parts.runner.params
+
+
+def prompt_logits(engine: Engine, token_ids: list[int]) -> np.ndarray:
+    """Logits for every prompt position, [len(token_ids), vocab] float32, from the contiguous
+    reference forward (no pages, no chunks): the path the paged engine is held to."""
+    p = engine._parts
+    ids = p.requests.encode(token_ids)
+    p.requests.check_length(len(ids))
+    return p.reference(p.runner.binding, ids)
