@@ -107,14 +107,15 @@ def test_a_lower_layer_imports_without_the_layers_above():
     assert out.stdout.strip() == "False", "reading a config imported jax"
 
 
-# Engine's whole public API; README's "Library" section documents the same names.
+# Engine's whole public API, grouped by concern as the README's table lists it (a table that
+# reads better packed).
 ENGINE_API = {
     "from_pretrained", "info", "stats", "last_step",
     "add_request", "step", "has_unfinished", "progress", "abort", "generate",
     "flip", "arm", "follow",
     "checkpoint", "branch", "rewind", "list_checkpoints", "delete_checkpoint", "session",
     "check", "warmup", "flush_prefix_cache", "close",
-}  # fmt: skip - grouped by concern, as the README lists them
+}  # fmt: skip
 ENGINE_INSIDE = ("flipjax/engine/",)
 TEST_DOOR = "tests/support/internals.py"
 
