@@ -254,8 +254,10 @@ class DiskTier(StoreTier):
                 moving = self._index.in_segment(segment)
             # No other writer runs, so the segment stays put while it is read without the lock.
             blobs = self.log.read_many([at for _, at in moving])
-            plan = [(*parse_name(name), (b[:HEADER_BYTES], b[HEADER_BYTES:]))
-                    for (name, _), b in zip(moving, blobs, strict=True)]  # fmt: skip
+            plan = [
+                (*parse_name(name), (b[:HEADER_BYTES], b[HEADER_BYTES:]))
+                for (name, _), b in zip(moving, blobs, strict=True)
+            ]
             records = self.log.append(plan)
             self.log.write_records(records + self.log.carried_tombs(segment))
             with self._lock:

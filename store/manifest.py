@@ -76,8 +76,10 @@ class Manifest:
                 f"manifest: made for model {str(body.get('model'))[:16]}..., not this server's "
                 f"{model[:16]}..."
             )
-        derived = {"requested_position": body.pop("requested_position", None),
-                   "step": body.pop("step", None)}  # fmt: skip
+        derived = {
+            "requested_position": body.pop("requested_position", None),
+            "step": body.pop("step", None),
+        }
         try:
             chat = body.pop("chat")
             manifest = cls(

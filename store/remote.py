@@ -132,9 +132,13 @@ class RedisTier:
             out.append(payload)
         hits = [p for p in out if p is not None]
         self._count(
-            checked=len(items), hits=len(hits), misses=len(items) - len(hits), corrupt=len(bad),
-            forged=forged, bytes_read=sum(len(p) for p in hits),
-        )  # fmt: skip
+            checked=len(items),
+            hits=len(hits),
+            misses=len(items) - len(hits),
+            corrupt=len(bad),
+            forged=forged,
+            bytes_read=sum(len(p) for p in hits),
+        )
         if bad:
             self._call("delete", lambda: self._client.delete(*bad), 0)
         return out

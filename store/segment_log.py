@@ -165,8 +165,11 @@ class SegmentLog:
     def carried_tombs(self, segment: int) -> list[Record]:
         """The retirements `segment`'s index holds of entries in other segments still here:
         they must outlive the segment, or a replay would bring those entries back."""
-        return [t for t in self.tombs.get(segment, [])
-                if t.at.segment in self.sizes and t.at.segment != segment]  # fmt: skip
+        return [
+            t
+            for t in self.tombs.get(segment, [])
+            if t.at.segment in self.sizes and t.at.segment != segment
+        ]
 
     def drop(self, segment: int) -> None:
         fd = self._fds.pop(segment, None)

@@ -42,8 +42,17 @@ class Record:
     at: Location
 
     def pack(self) -> bytes:
-        body = RECORD.pack(MAGIC, self.op, int(self.kind), 0, self.key, self.at.segment,
-                           self.at.offset, self.at.length, self.at.crc)  # fmt: skip
+        body = RECORD.pack(
+            MAGIC,
+            self.op,
+            int(self.kind),
+            0,
+            self.key,
+            self.at.segment,
+            self.at.offset,
+            self.at.length,
+            self.at.crc,
+        )
         return body + struct.pack("<I", zlib.crc32(body))
 
 

@@ -8,8 +8,9 @@ refuses the job and counts it; the serving loop never waits on a write.
 
 Reads by the serving loop are `resident`: host memory only. `prefetch` looks a prompt's prefix
 up in every tier and promotes what the host lacks, on a second worker, so that a later resident
-read finds it; the ticket it returns says when, and how many tokens it found. A promoted entry
-remembers the tier it came from until its first read, so hits are counted where they cost.
+read finds it; the ticket it returns says when, and how many tokens it found (the lookups are
+in `store.tiered_prefixes`). A promoted entry remembers the tier it came from until its first
+read, so hits are counted where they cost.
 
 The disk tier can be attached, detached (its files stay) and resized while serving. Every path
 is counted; `stats()` reports the store's counters and each tier's, and a gate that never ran
@@ -21,21 +22,20 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from flipjax.runtime.hybrid import check_interval, is_grid_page, usable_prefix
+from flipjax.runtime.hybrid import check_interval
 from store.backend import Pins
 from store.disk import DiskTier
 from store.entry import Kind
 from store.host import HostTier
-from store.keys import page_keys
-from store.prefix import Prefetch
-from store.promote import Lookup, Name, Origins, promote
+from store.promote import Origins
 from store.remote import RedisTier
+from store.tiered_prefixes import TieredPrefixes
 from store.worker import TierPut, Worker
 
 ORDER = ("host", "disk", "remote")  # nearest first
 
 
-class TieredStore:
+class TieredStore(TieredPrefixes):
     def __init__(
         self,
         root: bytes,
@@ -110,57 +110,6 @@ class TieredStore:
         if disk is not None and disk.contains(key, kind):
             return "disk"
         return None
-
-    # -- prefixes -------------------------------------------------------------------------------
-
-    def lookup(self, token_ids: list[int], resident: bool = False) -> Lookup:
-        """The usable prefix of `token_ids` under the hybrid rule, and the keys to fetch it:
-        in host memory when `resident`, else in any tier (the remote one asked in one batch)."""
-        self._count("lookups")
-        keys = page_keys(self.root, token_ids, self.page_size)
-        remote = self.remote if not resident else None
-        elsewhere: set[Name] = set()
-        if remote is not None:
-            grid = self.anchor_pages(len(keys) * self.page_size)
-            names = [(k, Kind.KV_PAGE) for k in keys] + [(keys[i], Kind.GDN_ANCHOR) for i in grid]
-            names = [n for n in names if self.where(*n) is None]
-            held = remote.contains_many(names)
-            elsewhere = {n for n, hit in zip(names, held, strict=True) if hit}
-
-        def has(key: bytes, kind: Kind) -> bool:
-            if resident:
-                return self.host.contains(key, kind)
-            return self.where(key, kind) is not None or (key, kind) in elsewhere
-
-        tokens = usable_prefix(
-            len(keys), self.page_size, self.gdn_interval,
-            lambda i: has(keys[i], Kind.KV_PAGE), lambda i: has(keys[i], Kind.GDN_ANCHOR),
-        )  # fmt: skip
-        pages = tokens // self.page_size
-        if pages:
-            self._count("lookup_hits")
-            self._count("lookup_hit_tokens", tokens)
-        return Lookup(tokens, tuple(keys[:pages]), keys[pages - 1] if pages else None)
-
-    def anchor_pages(self, num_tokens: int) -> list[int]:
-        """Indices of the full pages of a `num_tokens` prefix whose end lies on the grid."""
-        pages = num_tokens // self.page_size
-        return [i for i in range(pages) if is_grid_page(i, self.page_size, self.gdn_interval)]
-
-    def prefetch(self, token_ids: list[int]) -> Prefetch:
-        """Find the stored prefix of `token_ids` and bring what the host lacks into it, in the
-        background; the ticket is done when the entries are there (or could not be)."""
-        ticket = Prefetch()
-        found = None
-        if self.remote is None:  # the local indexes answer at once; only reads go to the worker
-            found = self.lookup(token_ids)
-            ticket.tokens = found.tokens
-            if all(self.host.contains(*n) for n in found.wanted()):
-                ticket.done.set()
-                return ticket
-        if not self.reads.submit(lambda: self._prefetch(list(token_ids), ticket, found)):
-            ticket.done.set()
-        return ticket
 
     # -- runtime control ------------------------------------------------------------------------
 
@@ -278,20 +227,6 @@ class TieredStore:
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
-
-    def _prefetch(self, token_ids: list[int], ticket: Prefetch, found: Lookup | None) -> None:
-        """On the read worker: look up in every tier (unless the caller did), then promote
-        what the host lacks."""
-        try:
-            found = found if found is not None else self.lookup(token_ids)
-            lowers = [(n, t) for n, t in (("disk", self.disk), ("remote", self.remote)) if t]
-            promoted, _ = promote(found.wanted(), self.host, lowers, self.origins)
-            with self._lock:
-                for tier, n in promoted.items():
-                    self.counters[f"prefetched_{tier}"] += n
-            ticket.tokens = found.tokens
-        finally:
-            ticket.done.set()
 
     def _on_host_evict(self, key: bytes, kind: Kind, payload: bytes) -> None:
         self.origins.take((key, kind))
