@@ -111,8 +111,9 @@ def arm(runner: ModelRunner, placement: Placement, state_io: bool = False) -> No
         current = runner.binding
         if placement.key != current.placement.key:
             (there_sh, target_sh), (back_sh, source_sh) = (
-                _shardings(runner, placement), _shardings(runner, current.placement),
-            )  # fmt: skip
+                _shardings(runner, placement),
+                _shardings(runner, current.placement),
+            )
             there = jax.block_until_ready(reshard(current.params, there_sh))
             jax.block_until_ready(reshard(there, back_sh))
             warm(current.state, source_sh, target_sh)
@@ -140,8 +141,13 @@ class Layouts:
     held (they move), and `headroom` is the per-device budget on devices without
     `memory_stats`."""
 
-    def __init__(self, runner: ModelRunner, allocator: Allocator, state_io: bool = False,
-                 headroom: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        runner: ModelRunner,
+        allocator: Allocator,
+        state_io: bool = False,
+        headroom: int | None = None,
+    ):
         self.runner = runner
         self.allocator = allocator
         self.state_io = state_io  # also warm the page and state moves of the prefix cache/store
@@ -200,18 +206,31 @@ class Layouts:
         self.generation += 1
         self.counters["flips"] += 1
         record = FlipRecord(
-            source=old.placement.name, target=placement.name, generation=self.generation,
-            total_ms=(time.perf_counter() - t0) * 1e3, held_bytes=_nbytes((old.params, old.state)),
-            live_pages=len(pages), live_slots=len(slots), reseeded=dropped,
+            source=old.placement.name,
+            target=placement.name,
+            generation=self.generation,
+            total_ms=(time.perf_counter() - t0) * 1e3,
+            held_bytes=_nbytes((old.params, old.state)),
+            live_pages=len(pages),
+            live_slots=len(slots),
+            reseeded=dropped,
             **{**moved, "check_ms": check_ms + moved["check_ms"]},
-        )  # fmt: skip
+        )
         self.flips.append(record)
         log.info(
             "flip %s: %.1f ms | weights %.1f ms, KV %.1f ms (%d pages), GDN %.1f ms (%d slots), "
-            "checks %.1f ms | moved %.1f of %.1f MiB held", record.direction, record.total_ms,
-            record.weights_ms, record.kv_ms, len(pages), record.gdn_ms, len(slots),
-            record.check_ms, record.total_bytes / 2**20, record.held_bytes / 2**20,
-        )  # fmt: skip
+            "checks %.1f ms | moved %.1f of %.1f MiB held",
+            record.direction,
+            record.total_ms,
+            record.weights_ms,
+            record.kv_ms,
+            len(pages),
+            record.gdn_ms,
+            len(slots),
+            record.check_ms,
+            record.total_bytes / 2**20,
+            record.held_bytes / 2**20,
+        )
         return record
 
     @mirrored
@@ -227,9 +246,13 @@ class Layouts:
 
 
 def _placed_copy(
-    old: Binding, placement: Placement, param_sh: Any, state_sh: CacheState,
-    pages: list[int], slots: list[int],
-) -> tuple[Binding, dict[str, Any]]:  # fmt: skip
+    old: Binding,
+    placement: Placement,
+    param_sh: Any,
+    state_sh: CacheState,
+    pages: list[int],
+    slots: list[int],
+) -> tuple[Binding, dict[str, Any]]:
     """Copy the parameters and the live pools to `placement`, check where each landed, and
     bind the copies. Returns the new binding and what was moved (bytes and ms per part)."""
     params, weights_ms = _move(old.params, param_sh)
@@ -237,6 +260,10 @@ def _placed_copy(
     t0 = time.perf_counter()
     _check_landed(params, param_sh, "weight")
     _check_landed(state, state_sh, "pool")
-    moved = dict(weights_bytes=_nbytes(params), weights_ms=weights_ms, **pools,
-                 check_ms=(time.perf_counter() - t0) * 1e3)  # fmt: skip
+    moved = dict(
+        weights_bytes=_nbytes(params),
+        weights_ms=weights_ms,
+        **pools,
+        check_ms=(time.perf_counter() - t0) * 1e3,
+    )
     return old.rebind(placement, params, state), moved

@@ -44,23 +44,33 @@ class Governor:
         now = snapshot.now_s
         if now < self.backoff_until_s:
             self.counters["backed_off"] += 1
-            return Stay("backoff", f"backoff {self.backoff_until_s - now:.1f}s more after "
-                        f"{self.failures} failure(s): {self.backoff_reason}")  # fmt: skip
+            return Stay(
+                "backoff",
+                f"backoff {self.backoff_until_s - now:.1f}s more after "
+                f"{self.failures} failure(s): {self.backoff_reason}",
+            )
         if self.hold:
             waiting = self.hold & awaiting
             self.hold_rounds += 1
             if waiting and self.hold_rounds <= self.config.hold_rounds:
                 self.counters["held"] += 1
-                return Stay("hold", f"hold: {len(waiting)} prompt(s) that pulled the flip await "
-                            f"their first token (round {self.hold_rounds})")  # fmt: skip
+                return Stay(
+                    "hold",
+                    f"hold: {len(waiting)} prompt(s) that pulled the flip await "
+                    f"their first token (round {self.hold_rounds})",
+                )
             self.hold = frozenset()
         known = Snapshot(**{**vars(snapshot), "last_flip_s": self.last_flip_s})
         return decide(known, self.costs, self.config)
 
     def flipped(
-        self, source: str, target: str, seconds: float, now_s: float,
+        self,
+        source: str,
+        target: str,
+        seconds: float,
+        now_s: float,
         awaiting: frozenset[str] = frozenset(),
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A flip happened (this policy's or an operator's): restart the dwell clock, feed the
         cost EMA, and hold a flip to the prefill layout for the prompts awaiting then."""
         self.costs.observe(source, target, seconds)
@@ -81,19 +91,24 @@ class Governor:
     def describe(self, now_s: float) -> dict[str, Any]:
         """The policy's state for `GET /phase`."""
         a, b = self.config.prefill_layout, self.config.decode_layout
-        last = self.last
-        return {
-            "flip_cost_s": {f"{s}->{t}": self.costs.estimate(s, t) for s, t in ((a, b), (b, a))},
-            "flip_cost_provenance": self.costs.provenance(a, b),
-            "last_decision": None if last is None else {
+        last, last_decision = self.last, None
+        if last is not None:
+            last_decision = {
                 "choice": f"flip to {last.layout}" if isinstance(last, FlipTo) else "stay",
                 "reason": last.reason if isinstance(last, Stay) else "pays",
                 "terms": last.terms,
+            }
+        return {
+            "flip_cost_s": {f"{s}->{t}": self.costs.estimate(s, t) for s, t in ((a, b), (b, a))},
+            "flip_cost_provenance": self.costs.provenance(a, b),
+            "last_decision": last_decision,
+            "backoff": {
+                "failures": self.failures,
+                "reason": self.backoff_reason,
+                "seconds_left": max(0.0, self.backoff_until_s - now_s),
             },
-            "backoff": {"failures": self.failures, "reason": self.backoff_reason,
-                        "seconds_left": max(0.0, self.backoff_until_s - now_s)},
             "hold": {"prompts": len(self.hold), "rounds": self.hold_rounds},
             "dwell_s": self.config.dwell_s,
             "ttft_budget_s": self.config.ttft_budget_s,
             "counters": dict(self.counters),
-        }  # fmt: skip
+        }

@@ -98,8 +98,9 @@ def move_live(
     moved = {  # what crossed: the live rows rounded up to their bucket
         "kv_bytes": _row_bytes(state.kv) * bucket(len(pages), num_pages),
         "gdn_bytes": _row_bytes(state.gdn) * bucket(len(slots), num_slots),
-        "kv_ms": (t1 - t0) * 1e3, "gdn_ms": (t2 - t1) * 1e3,
-    }  # fmt: skip
+        "kv_ms": (t1 - t0) * 1e3,
+        "gdn_ms": (t2 - t1) * 1e3,
+    }
     return CacheState(kv=kv, gdn=gdn), moved
 
 

@@ -103,8 +103,9 @@ def decide(snapshot: Snapshot, costs: FlipCosts, config: PolicyConfig) -> Stay |
         return Stay(f"layout {current} is not managed by the policy")
     target = config.decode_layout if current == config.prefill_layout else config.prefill_layout
     if snapshot.last_flip_s is not None and snapshot.now_s - snapshot.last_flip_s < config.dwell_s:
-        return Stay("dwell", f"dwell {snapshot.now_s - snapshot.last_flip_s:.1f}s of "
-                    f"{config.dwell_s:.1f}s")  # fmt: skip
+        return Stay(
+            "dwell", f"dwell {snapshot.now_s - snapshot.last_flip_s:.1f}s of {config.dwell_s:.1f}s"
+        )
     now_t = serve_seconds(snapshot, current, config.horizon_tokens)
     then_t = serve_seconds(snapshot, target, config.horizon_tokens)
     if now_t is None or then_t is None:
@@ -123,8 +124,9 @@ def decide(snapshot: Snapshot, costs: FlipCosts, config: PolicyConfig) -> Stay |
     if budget == "stay":
         return Stay("the flip would break the TTFT budget", terms)
     if gain <= config.margin * cost:
-        return Stay(f"gain {gain:.3f}s does not pay for the flip ({cost:.3f}s x {config.margin})",
-                    terms)  # fmt: skip
+        return Stay(
+            f"gain {gain:.3f}s does not pay for the flip ({cost:.3f}s x {config.margin})", terms
+        )
     return FlipTo(target, gain, cost, terms)
 
 
@@ -142,7 +144,7 @@ def _undone(snapshot: Snapshot, current: str, target: str) -> bool:
 def _ttft_verdict(
     snapshot: Snapshot, current: str, target: str, leg_s: float, config: PolicyConfig
 ) -> str | None:
-    """"flip" when only the flip brings the queued prompts within the budget, "stay" when only
+    """ "flip" when only the flip brings the queued prompts within the budget, "stay" when only
     staying does, None when the budget does not decide."""
     if config.ttft_budget_s is None or not snapshot.queued_prefill_tokens:
         return None
