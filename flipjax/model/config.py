@@ -169,6 +169,7 @@ def _rope_fields(raw: dict[str, Any]) -> tuple[float, float]:
 
 
 def _validate(c: ModelConfig) -> None:
+    # A table of field names, kept packed (fmt: skip): one name a line would run 15 lines.
     positive = (
         "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",

@@ -111,9 +111,7 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         mixed = jnp.concatenate(
             [q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], axis=-1
         )
-        mixed, conv_state = causal_conv(
-            mixed, self.conv1d.weight[...][:, 0, :], state.conv, valid
-        )
+        mixed, conv_state = causal_conv(mixed, self.conv1d.weight[...][:, 0, :], state.conv, valid)
         kd = cfg.key_dim
         q = mixed[..., :kd].reshape(b, t, hk, dk)
         k = mixed[..., kd : 2 * kd].reshape(b, t, hk, dk)

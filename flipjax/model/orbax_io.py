@@ -70,8 +70,10 @@ def save(
     else:
         for name in os.listdir(copy_from):
             source = os.path.join(copy_from, name)
-            if os.path.isfile(source) and not name.endswith(_WEIGHT_SUFFIXES) and (
-                "index" not in name
+            if (
+                os.path.isfile(source)
+                and not name.endswith(_WEIGHT_SUFFIXES)
+                and ("index" not in name)
             ):
                 shutil.copy2(source, partial)  # config, tokenizer, generation config
     _write_json(

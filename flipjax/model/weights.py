@@ -135,9 +135,7 @@ def load_params(
     if unexpected:
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
     if problems:
-        raise WeightsError(
-            f"checkpoint {path} does not match its config: " + "; ".join(problems)
-        )
+        raise WeightsError(f"checkpoint {path} does not match its config: " + "; ".join(problems))
 
     arrays = []
     todo = zip(leaves, plan, strict=True)
