@@ -1,11 +1,8 @@
 """The one binding a runner reads at use: the placed state and the programs that run on it.
 
 A `Binding` pairs a `Placement` with the arrays placed by it (parameters and pools) and runs a
-step as a chain of stage programs: per stage, the model step then the slot write, with the
-hidden state handed to the next stage's devices by `jax.device_put` (dispatch stays
-asynchronous). Under a pipeline a step is cut into pieces (decode: micro-batches of rows;
-prefill: consecutive sub-chunks) so that stage s works on piece i + 1 while stage s + 1 works
-on piece i. Single device and TP are the one-stage case of the same runner.
+step as a chain of stage programs (`stage_chain`: how a step is cut into pieces and handed from
+stage to stage). Single device and TP are the one-stage case of the same runner.
 
 Programs are compiled ahead of time from abstract shapes (`compile_programs`) and cached per
 process (`program_cache`) by (model, kernel mode, placement, pool shapes, stage, shape), so
@@ -21,26 +18,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.gated_deltanet import GDNState
-from flipjax.runtime import multihost
-from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
 from flipjax.runtime.cache import CacheState, GDNSlots
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.cpu_dots import step_compiler_options
-from flipjax.runtime.crosshost import from_host, reshard, settle, to_leader
 from flipjax.runtime.paged import Scores, stage_step, updates_in_place, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.program_cache import PROGRAMS
+from flipjax.runtime.stage_chain import Shape, StageChain
 from flipjax.runtime.stages import ModelParts, stage_params
-
-Shape = tuple[int, int]  # (rows, tokens per row) of one step
-_concat = jax.jit(lambda parts: jnp.concatenate(parts, axis=0))
-_concat_tokens = jax.jit(lambda parts: jnp.concatenate(parts, axis=1))
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -49,7 +39,7 @@ def _abstract(tree: Any, shardings: Any) -> Any:
     )
 
 
-class Binding:
+class Binding(StageChain):
     def __init__(
         self,
         placement: Placement,
@@ -112,99 +102,16 @@ class Binding:
         """A binding of the same model and programs' keys over `params` and `state` placed by
         `placement` (arrays already there, or abstract when only shapes are read)."""
         return Binding(
-            placement, self.cfg, self.parts, self.kernels, params, state, self.dtype,
-            self.table_width, self.compiles,
-        )  # fmt: skip
-
-    def split(self, rows: int, tokens: int) -> tuple[int, int, int]:
-        """How a pipeline cuts a [rows, tokens] step: (pieces, rows each, tokens each).
-
-        A decode batch is cut into micro-batches of rows; a one-row prefill chunk into
-        consecutive sub-chunks of at least `MIN_PREFILL_BUCKET`, each continuing the previous
-        one's pages and GDN state. Either way stage s works on piece i + 1 while stage s + 1
-        works on piece i. A single stage never cuts.
-        """
-        across = rows if rows > 1 else tokens // MIN_PREFILL_BUCKET
-        m = 1
-        while m * 2 <= min(len(self.stages), across):
-            m *= 2
-        return (m, rows // m, tokens) if rows > 1 else (m, 1, tokens // m)
-
-    def run(
-        self,
-        tokens: np.ndarray,
-        positions: np.ndarray,
-        table: np.ndarray,
-        slots: np.ndarray,
-        targets: np.ndarray | None = None,
-        score: int | None = None,
-    ) -> Any:
-        """One step over [B, T] rows; returns logits [B, vocab] on the sampler's device. With
-        `score` (top alternatives), also the `Scores` of `targets` [B, T]: (logits, scores)."""
-        b, t = tokens.shape
-        m, rb, tb = self.split(b, t)
-        if rb < b:
-            pieces = [(slice(j * rb, (j + 1) * rb), slice(None)) for j in range(m)]
-        else:
-            # Sub-chunks of one row: run up to the one holding the last real token, whose
-            # logits are the step's; the rest are all padding.
-            last = (int(np.sum(positions[0] >= 0)) - 1) // tb
-            pieces = [(slice(None), slice(j * tb, (j + 1) * tb)) for j in range(max(last, 0) + 1)]
-        outs, last = [], len(self.stages) - 1
-        for rows, cols in pieces:
-            x: Any = tokens[rows, cols]
-            for s in range(len(self.stages)):
-                programs = self._stage_programs(s, (rb, tb), score if s == last else None)
-                host = [positions[rows, cols], table[rows], slots[rows]]
-                if score is not None and s == last:
-                    host.append(targets[rows, cols])
-                if s == 0:
-                    host.insert(0, x)
-                placed = from_host(tuple(host), self._inputs[s])  # one batched transfer
-                if s == 0:
-                    x, *placed = placed
-                else:
-                    x = reshard(x, self._inputs[s])  # the stage hand-off
-                x = self._stage(s, programs, x, *placed)
-            outs.append(jax.tree.map(lambda a: to_leader(a, self.sampler_device), x))
-        if not multihost.current().leader:  # the others only take part in the programs
-            return None
-        if score is not None:  # one row in sub-chunks: the scores of every piece, in order
-            with self.compiles.watch():
-                scores = jax.tree.map(lambda *a: _concat_tokens(a), *(s for _, s in outs))
-            return outs[-1][0], scores
-        if rb == b:
-            return outs[-1]
-        with self.compiles.watch():
-            return _concat(outs)
-
-    def run_sampled(
-        self, tokens: jax.Array, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
-    ) -> jax.Array:
-        """A decode step fed by `tokens` [B, 1], ids a sampler drew, still on device, so the
-        host need not wait for them before it dispatches this step; one stage only (a pipeline
-        cuts its steps on the host). Returns logits [B, vocab] on the sampler's device."""
-        if len(self.stages) != 1:
-            raise ValueError(f"run_sampled: one stage only, this placement has {len(self.stages)}")
-        programs = self._stage_programs(0, tokens.shape)
-        x = jax.device_put(tokens, self._inputs[0])
-        placed = from_host((positions, table, slots), self._inputs[0])
-        return to_leader(self._stage(0, programs, x, *placed), self.sampler_device)
-
-    def _stage(
-        self, s: int, programs: tuple[Any, Any, bool], x: Any, pos: jax.Array,
-        page_table: jax.Array, slot_ids: jax.Array, *extra: jax.Array,
-    ) -> Any:  # fmt: skip
-        """Stage `s`'s step and slot write on placed inputs; its output (hidden or logits)."""
-        step, write, in_place = programs
-        x, kv, gdn = step(
-            self._params[s], self._kv[s], self._gdn[s], x, pos, page_table, slot_ids, *extra
+            placement,
+            self.cfg,
+            self.parts,
+            self.kernels,
+            params,
+            state,
+            self.dtype,
+            self.table_width,
+            self.compiles,
         )
-        self._kv[s] = kv
-        # In place, the step returned the updated pools and the rows' conv states.
-        pools, new_rows = gdn if in_place else (self._gdn[s], gdn)
-        self._gdn[s] = settle(write(pools, slot_ids, new_rows))
-        return x
 
     def programs(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, Any]:
         """Stage `stage`'s compiled (step, write) for `shape`."""
@@ -274,22 +181,33 @@ def compile_programs(
                 out_shardings=(out_sh, kv_sh, in_place_sh if in_place else rows_sh),
             )
             ints = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32, sharding=rep)
-            x = ints((b, t)) if span.first else jax.ShapeDtypeStruct(
-                (b, t, cfg.hidden_size), binding.dtype, sharding=rep
+            x = (
+                ints((b, t))
+                if span.first
+                else jax.ShapeDtypeStruct((b, t, cfg.hidden_size), binding.dtype, sharding=rep)
             )
             extra = () if scoring is None else (ints((b, t)),)  # the targets
             step = step_fn.lower(
-                tuple(leaves), kv, gdn, x,
-                ints((b, t)), ints((b, binding.table_width)), ints((b,)), *extra,
-            ).compile(step_compiler_options(mesh, binding.dtype, b * t))  # fmt: skip
+                tuple(leaves),
+                kv,
+                gdn,
+                x,
+                ints((b, t)),
+                ints((b, binding.table_width)),
+                ints((b,)),
+                *extra,
+            ).compile(step_compiler_options(mesh, binding.dtype, b * t))
             rows = tuple(
-                GDNState(*(
-                    None if in_place and name == "recurrent" else
-                    jax.ShapeDtypeStruct((b, *a.shape[1:]), a.dtype, sharding=a.sharding)
-                    for name, a in zip(GDNSlots._fields, pool, strict=True)
-                ))
+                GDNState(
+                    *(
+                        None
+                        if in_place and name == "recurrent"
+                        else jax.ShapeDtypeStruct((b, *a.shape[1:]), a.dtype, sharding=a.sharding)
+                        for name, a in zip(GDNSlots._fields, pool, strict=True)
+                    )
+                )
                 for pool in gdn
-            )  # fmt: skip
+            )
             write = write_fn.lower(gdn, ints((b,)), rows).compile()
             PROGRAMS[key] = (step, write, in_place)
 

@@ -70,9 +70,11 @@ def from_host(host: Any, sharding: Sharding) -> Any:
 def _spread_program(devices: Devices) -> tuple[Mesh, Any]:
     mesh = Mesh(np.array(devices), ("all",))
     spread = jax.shard_map(
-        lambda block: jax.lax.psum(block, "all")[0], mesh=mesh,
-        in_specs=PartitionSpec("all"), out_specs=PartitionSpec(),
-    )  # fmt: skip
+        lambda block: jax.lax.psum(block, "all")[0],
+        mesh=mesh,
+        in_specs=PartitionSpec("all"),
+        out_specs=PartitionSpec(),
+    )
     return mesh, jax.jit(spread)
 
 
@@ -87,9 +89,11 @@ def _spread(whole: jax.Array, union: Devices) -> dict[jax.Device, jax.Array]:
         if d.process_index == jax.process_index()
     ]
     stacked = jax.make_array_from_single_device_arrays(
-        (len(union), *whole.shape), NamedSharding(mesh, PartitionSpec("all")), blocks,
+        (len(union), *whole.shape),
+        NamedSharding(mesh, PartitionSpec("all")),
+        blocks,
         dtype=whole.dtype,
-    )  # fmt: skip
+    )
     return {s.device: s.data for s in settle(spread(stacked)).addressable_shards}
 
 

@@ -36,8 +36,8 @@ with fatal_signal_handlers_kept():
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 # A string character in xgrammar's EBNF for minLength/maxLength strings, and in its own
 # unbounded JSON strings (which exclude U+0000..U+001F, as RFC 8259 requires).
-_LOOSE_CHAR = r'[^\"\\\r\n]'
-_JSON_CHAR = r'[^\0-\x1f\"\\\r\n]'
+_LOOSE_CHAR = r"[^\"\\\r\n]"
+_JSON_CHAR = r"[^\0-\x1f\"\\\r\n]"
 # A spec's text, and how deeply its objects, arrays and groups nest. xgrammar's compile time
 # grows about cubically with a schema's depth (450 levels: 19 s; 2000: minutes), and its C++ code
 # cannot be interrupted, so a spec past these is refused before it compiles. Real schemas are a
@@ -111,9 +111,15 @@ class GrammarCompiler:
     """Compiles on its own threads (`submit`), apart from every other executor, so slow compiles
     hold up only other compiles, and at most `max_pending` of those."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, any_whitespace: bool = True,
-                 capacity: int = 256, threads: int = 2,
-                 max_pending: int = MAX_PENDING_COMPILES):  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        any_whitespace: bool = True,
+        capacity: int = 256,
+        threads: int = 2,
+        max_pending: int = MAX_PENDING_COMPILES,
+    ):
         self.vocab_size = vocab_size
         self.any_whitespace = any_whitespace
         # Without an end-of-sequence token a request ends when its grammar is complete.

@@ -84,37 +84,53 @@ def initialize(
     # A lost process must leave the others running, so that they can report it.
     jax.config.update("jax_enable_recoverability", True)
     jax.distributed.initialize(
-        coordinator_address, num_processes, process_id,
+        coordinator_address,
+        num_processes,
+        process_id,
         heartbeat_timeout_seconds=heartbeat_timeout_s,
-    )  # fmt: skip
+    )
     # Runs before JAX's own exit hook (registered at import), which shuts the client down.
     atexit.register(_leave_together)
     state = distributed.global_state  # what was given, or what JAX detected
     coordinator_address = state.coordinator_address
     _cluster = Cluster(state.process_id, state.num_processes, coordinator_address)
     log.info(
-        "process %d of %d, coordinator %s: %d local of %d devices", _cluster.process_id,
-        _cluster.num_processes, coordinator_address, jax.local_device_count(), jax.device_count(),
-    )  # fmt: skip
+        "process %d of %d, coordinator %s: %d local of %d devices",
+        _cluster.process_id,
+        _cluster.num_processes,
+        coordinator_address,
+        jax.local_device_count(),
+        jax.device_count(),
+    )
     return _cluster
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The cluster flags, named after `jax.distributed.initialize`'s arguments."""
     group = parser.add_argument_group("multi-process (jax.distributed)")
-    group.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
-                       help="process 0's address; every process passes the same one")  # fmt: skip
+    group.add_argument(
+        "--coordinator-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="process 0's address; every process passes the same one",
+    )
     group.add_argument("--num-processes", type=int, default=None)
     group.add_argument("--process-id", type=int, default=None, help="0 serves HTTP")
-    group.add_argument("--heartbeat-timeout-s", type=int, default=HEARTBEAT_S,
-                       help="how soon a lost process is noticed")  # fmt: skip
+    group.add_argument(
+        "--heartbeat-timeout-s",
+        type=int,
+        default=HEARTBEAT_S,
+        help="how soon a lost process is noticed",
+    )
 
 
 def initialize_from(args: argparse.Namespace) -> Cluster:
     return initialize(
-        args.coordinator_address, args.num_processes, args.process_id,
+        args.coordinator_address,
+        args.num_processes,
+        args.process_id,
         args.heartbeat_timeout_s,
-    )  # fmt: skip
+    )
 
 
 def agree(facts: dict[str, object]) -> None:

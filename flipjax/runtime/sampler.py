@@ -200,9 +200,14 @@ def _draw(key: jax.Array, logits: jax.Array) -> jax.Array:
 
 
 _STATIC = (
-    "use_penalties", "use_filters", "use_random", "use_bias", "use_mask", "want_logprobs",
+    "use_penalties",
+    "use_filters",
+    "use_random",
+    "use_bias",
+    "use_mask",
+    "want_logprobs",
     "num_logprobs",
-)  # fmt: skip
+)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC)
