@@ -26,15 +26,15 @@ def main(argv: list[str] | None = None) -> None:
     restore = commands.add_parser("restore", help="restore into a layout (one or many processes)")
     restore.add_argument("out_dir")
     restore.add_argument("--layout", default="single")
-    from flipjax.runtime import multihost
+    from flipjax.config.cli import add_arguments
 
-    multihost.add_arguments(restore)
+    add_arguments(restore, only=("distributed",))
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "restore":
         return _restore(args)
 
-    from flipjax.engine.engine import parse_dtype
     from flipjax.model import orbax_io as orbax_ckpt
+    from flipjax.model.dtypes import parse_dtype
 
     if args.command == "convert":
         written = orbax_ckpt.convert(args.hf_dir, args.out_dir, parse_dtype(args.dtype))
@@ -49,9 +49,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _restore(args: argparse.Namespace) -> None:
+    from flipjax.config.cli import from_namespace
     from flipjax.runtime import multihost
 
-    cluster = multihost.initialize_from(args)
+    dc = from_namespace(args).distributed
+    cluster = multihost.initialize(
+        dc.coordinator_address, dc.num_processes, dc.process_id, dc.heartbeat_timeout_s
+    )
     import jax
 
     from flipjax.model import orbax_io

@@ -4,6 +4,9 @@ options that map onto it one to one, and refusals that name the field."""
 from __future__ import annotations
 
 import argparse
+import pathlib
+import subprocess
+import sys
 import dataclasses
 import typing
 
@@ -116,3 +119,12 @@ def test_every_field_is_typed_as_the_flag_parses_it():
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             assert f.name in hints and f.metadata.get("help"), f.name
+
+
+def test_the_command_line_loads_without_jax():
+    """`--help` and the log set-up run before the server's modules load."""
+    code = "import sys, flipjax.config.cli; print('jax' in sys.modules)"
+    root = pathlib.Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "reading the command line imported jax"

@@ -100,11 +100,13 @@ def _free_port() -> int:
 
 
 def _worker(args: argparse.Namespace) -> None:
+    from flipjax.config.tree import DistributedConfig
     from flipjax.engine.engine import Engine  # after the cluster is joined
     from flipjax.runtime import mirror, multihost
 
     if args.coordinator is not None:
-        multihost.initialize(args.coordinator, 2, args.process_id)
+        heartbeat = DistributedConfig().heartbeat_timeout_s
+        multihost.initialize(args.coordinator, 2, args.process_id, heartbeat)
     engine = Engine.from_pretrained(
         args.worker, layout="tp:4", max_running_requests=args.batch, **OPTIONS
     )

@@ -29,9 +29,12 @@ _TITLES = {
 }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One argument group per concern of `FlipjaxConfig`, one flag per field."""
+def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One argument group per concern of `FlipjaxConfig` (or of those in `only`), one flag per
+    field."""
     for concern in dataclasses.fields(FlipjaxConfig):
+        if only is not None and concern.name not in only:
+            continue
         cls = concern.default_factory  # type: ignore[misc]
         group = parser.add_argument_group(_TITLES[concern.name])
         hints = typing.get_type_hints(cls)
@@ -40,13 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_namespace(args: argparse.Namespace) -> FlipjaxConfig:
-    """The tree the parsed flags describe; a bad value is a ValueError naming its field."""
+    """The tree the parsed flags describe (the defaults for concerns without flags); a bad
+    value is a ValueError naming its field."""
     options = {}
     for concern in dataclasses.fields(FlipjaxConfig):
         cls = concern.default_factory  # type: ignore[misc]
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            options[f.name] = _to_field(f, hints[f.name], getattr(args, f.name))
+            if hasattr(args, f.name):
+                options[f.name] = _to_field(f, hints[f.name], getattr(args, f.name))
     return FlipjaxConfig.build(**options)
 
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flipjax.config.option import option
-from flipjax.model.config import ModelConfig
-from flipjax.model.dtypes import DTYPES
+from flipjax.model.config import DTYPE_NAMES, ModelConfig
 from flipjax.runtime.hybrid import check_interval, default_interval
 
 
@@ -26,13 +25,11 @@ class GridStore(Protocol):
 @dataclass(frozen=True)
 class ModelOptions:
     model: str = option("tiny", "HF checkpoint folder, orbax folder, or 'tiny' (default)")
-    dtype: str = option(
-        "float32", "the weights' and activations' dtype", choices=("float32", "bfloat16")
-    )
+    dtype: str = option("float32", "the weights' and activations' dtype", choices=DTYPE_NAMES)
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: {self.dtype!r} is not supported; use one of {sorted(DTYPES)}")
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype: {self.dtype!r} is not supported; use one of {DTYPE_NAMES}")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 LAYER_TYPES = (FULL_ATTENTION, LINEAR_ATTENTION)
 
+# The parameter dtypes flipjax runs (`flipjax.model.dtypes` maps them to jax's; named here,
+# where reading them needs no jax).
+DTYPE_NAMES = ("float32", "bfloat16")
+
 
 @dataclass(frozen=True)
 class ModelConfig:

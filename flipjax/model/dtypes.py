@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+from flipjax.model.config import DTYPE_NAMES
+
+DTYPES = {name: jnp.dtype(name) for name in DTYPE_NAMES}
 
 
 def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:

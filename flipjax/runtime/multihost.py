@@ -12,7 +12,6 @@ where processes differ in checkpoint, config or flags, naming the first differen
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import logging
@@ -25,7 +24,6 @@ from jax.experimental import multihost_utils
 
 log = logging.getLogger("flipjax.multihost")
 
-HEARTBEAT_S = 10  # a lost process is known within this (the coordinator's heartbeat timeout)
 _FACTS_BYTES = 16384  # room for one process's start facts in the agreement
 EXIT_WAIT_S = 120  # how long a finished process waits for the others before it leaves anyway
 
@@ -67,13 +65,13 @@ def current() -> Cluster:
 
 
 def initialize(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-    heartbeat_timeout_s: int = HEARTBEAT_S,
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    heartbeat_timeout_s: int,
 ) -> Cluster:
     """Join the cluster (see the module doc); a process that stops answering for
-    `heartbeat_timeout_s` is lost."""
+    `heartbeat_timeout_s` is lost (`DistributedConfig` holds the defaults)."""
     global _cluster
     given = (coordinator_address, num_processes, process_id)
     if all(v is None for v in given) and not _cluster_detected():
@@ -103,34 +101,6 @@ def initialize(
         jax.device_count(),
     )
     return _cluster
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The cluster flags, named after `jax.distributed.initialize`'s arguments."""
-    group = parser.add_argument_group("multi-process (jax.distributed)")
-    group.add_argument(
-        "--coordinator-address",
-        default=None,
-        metavar="HOST:PORT",
-        help="process 0's address; every process passes the same one",
-    )
-    group.add_argument("--num-processes", type=int, default=None)
-    group.add_argument("--process-id", type=int, default=None, help="0 serves HTTP")
-    group.add_argument(
-        "--heartbeat-timeout-s",
-        type=int,
-        default=HEARTBEAT_S,
-        help="how soon a lost process is noticed",
-    )
-
-
-def initialize_from(args: argparse.Namespace) -> Cluster:
-    return initialize(
-        args.coordinator_address,
-        args.num_processes,
-        args.process_id,
-        args.heartbeat_timeout_s,
-    )
 
 
 def agree(facts: dict[str, object]) -> None:
