@@ -4,10 +4,10 @@ options that map onto it one to one, and refusals that name the field."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import subprocess
 import sys
-import dataclasses
 import typing
 
 import pytest
