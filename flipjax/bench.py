@@ -17,9 +17,17 @@ from __future__ import annotations
 import sys
 
 BENCHMARKS = (
-    "engine", "store", "flip", "serve", "requests", "policy", "prefetch", "multihost", "gpu",
+    "engine",
+    "store",
+    "flip",
+    "serve",
+    "requests",
+    "policy",
+    "prefetch",
+    "multihost",
+    "gpu",
     "matmul",
-)  # fmt: skip
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,9 +64,11 @@ class ChatTemplate:
                 "continue_final_message: cannot be combined with add_generation_prompt"
             )
         text = self._template.render(
-            messages=list(messages), tools=tools, add_generation_prompt=add_generation_prompt,
+            messages=list(messages),
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
             **kwargs,
-        )  # fmt: skip
+        )
         if continue_final_message:
             last = messages[-1].get("content") or ""
             end = text.rfind(last) if last else -1

@@ -88,7 +88,8 @@ def install_handlers(app: FastAPI) -> None:
     async def invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0]
         if first.get("type") == "json_invalid":
-            return error_response(400, "request body is not valid JSON", None,
-                                  "invalid_request_error")  # fmt: skip
+            return error_response(
+                400, "request body is not valid JSON", None, "invalid_request_error"
+            )
         field = _field(first["loc"])
         return error_response(400, f"{field}: {first['msg']}", field, "invalid_request_error")

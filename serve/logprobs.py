@@ -64,8 +64,11 @@ def chat_logprobs(
     """The chat form's `content` entries for generated tokens."""
 
     def one(token: int, logprob: float) -> dict[str, Any]:
-        return {"token": token_text(tokenizer, token), "logprob": logprob,
-                "bytes": list(tokenizer.token_bytes(token))}  # fmt: skip
+        return {
+            "token": token_text(tokenizer, token),
+            "logprob": logprob,
+            "bytes": list(tokenizer.token_bytes(token)),
+        }
 
     return [
         {**one(e.token_id, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top[:top]]}

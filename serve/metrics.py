@@ -30,17 +30,23 @@ class Metrics:
             "flipjax:generation_tokens", "Generated tokens", registry=r
         )
         self.ttft = Histogram(
-            "flipjax:time_to_first_token_seconds", "Time to first token", buckets=_LATENCY,
+            "flipjax:time_to_first_token_seconds",
+            "Time to first token",
+            buckets=_LATENCY,
             registry=r,
-        )  # fmt: skip
+        )
         self.itl = Histogram(
-            "flipjax:inter_token_latency_seconds", "Mean time between output tokens",
-            buckets=_LATENCY, registry=r,
-        )  # fmt: skip
-        self.e2e = Histogram(
-            "flipjax:e2e_request_latency_seconds", "End-to-end latency", buckets=_LATENCY,
+            "flipjax:inter_token_latency_seconds",
+            "Mean time between output tokens",
+            buckets=_LATENCY,
             registry=r,
-        )  # fmt: skip
+        )
+        self.e2e = Histogram(
+            "flipjax:e2e_request_latency_seconds",
+            "End-to-end latency",
+            buckets=_LATENCY,
+            registry=r,
+        )
         self.finished = Counter(
             "flipjax:request_success", "Finished requests", ["finish_reason"], registry=r
         )
@@ -53,47 +59,67 @@ class Metrics:
             "flipjax:prefix_cache_states", "GDN states the device prefix cache holds", registry=r
         )
         self.prefix_hits = Counter(
-            "flipjax:prefix_hits", "Admissions that reused a cached prefix, by tier", ["tier"],
+            "flipjax:prefix_hits",
+            "Admissions that reused a cached prefix, by tier",
+            ["tier"],
             registry=r,
-        )  # fmt: skip
+        )
         self.prefix_hit_tokens = Counter(
-            "flipjax:prefix_hit_tokens", "Prompt tokens reused instead of computed, by tier",
-            ["tier"], registry=r,
-        )  # fmt: skip
+            "flipjax:prefix_hit_tokens",
+            "Prompt tokens reused instead of computed, by tier",
+            ["tier"],
+            registry=r,
+        )
         self.prefix_misses = Counter(
             "flipjax:prefix_misses", "Admissions with no reusable prefix", registry=r
         )
         self.relief = Counter(
-            "flipjax:relief_steps", "Relief-ladder steps taken when pages ran short", ["step"],
+            "flipjax:relief_steps",
+            "Relief-ladder steps taken when pages ran short",
+            ["step"],
             registry=r,
-        )  # fmt: skip
+        )
         self.store = Counter(
-            "flipjax:store_events", "KV store counters, by tier and event", ["tier", "event"],
+            "flipjax:store_events",
+            "KV store counters, by tier and event",
+            ["tier", "event"],
             registry=r,
-        )  # fmt: skip
+        )
         self.store_up = Gauge(
-            "flipjax:store_tier_available", "Whether a store tier answers (the remote one can be "
-            "down: its calls are skipped until a backoff passes)", ["tier"], registry=r,
-        )  # fmt: skip
+            "flipjax:store_tier_available",
+            "Whether a store tier answers (the remote one can be "
+            "down: its calls are skipped until a backoff passes)",
+            ["tier"],
+            registry=r,
+        )
         self.flips = Counter("flipjax:flips", "Layout flips", ["direction"], registry=r)
         self.flip_seconds = Counter("flipjax:flip_seconds", "Time spent flipping", registry=r)
         self.flip_parts = Histogram(
-            "flipjax:flip_part_seconds", "Each part of a flip, per direction",
-            ["direction", "part"], buckets=_LATENCY, registry=r,
-        )  # fmt: skip
-        self.flip_moved = Counter(
-            "flipjax:flip_bytes", "Bytes flips moved, and the bytes they held", ["kind"],
+            "flipjax:flip_part_seconds",
+            "Each part of a flip, per direction",
+            ["direction", "part"],
+            buckets=_LATENCY,
             registry=r,
-        )  # fmt: skip
+        )
+        self.flip_moved = Counter(
+            "flipjax:flip_bytes",
+            "Bytes flips moved, and the bytes they held",
+            ["kind"],
+            registry=r,
+        )
         self.layout = Gauge("flipjax:layout", "The current layout (1)", ["layout"], registry=r)
         self.unknown_fields = Counter(
-            "flipjax:unknown_request_fields", "Requests that sent a field flipjax ignores",
-            ["field"], registry=r,
-        )  # fmt: skip
+            "flipjax:unknown_request_fields",
+            "Requests that sent a field flipjax ignores",
+            ["field"],
+            registry=r,
+        )
         self.grammars = Counter(
-            "flipjax:structured_output_grammars", "Structured-output grammars by outcome",
-            ["event"], registry=r,
-        )  # fmt: skip
+            "flipjax:structured_output_grammars",
+            "Structured-output grammars by outcome",
+            ["event"],
+            registry=r,
+        )
         self._flips_seen = 0
         self._totals: dict[int, int] = {}
 

@@ -24,9 +24,15 @@ from serve.tools import ToolPlan
 
 class ChatRenderer:
     def __init__(
-        self, cid: str, model: str, tokenizer: Tokenizer, top_logprobs: int | None,
-        tools: ToolPlan, reasoning: bool, thinking_opened: bool = False,
-    ):  # fmt: skip
+        self,
+        cid: str,
+        model: str,
+        tokenizer: Tokenizer,
+        top_logprobs: int | None,
+        tools: ToolPlan,
+        reasoning: bool,
+        thinking_opened: bool = False,
+    ):
         self.cid = cid
         self.model = model
         self.tokenizer = tokenizer
@@ -50,10 +56,14 @@ class ChatRenderer:
                 message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = calls
-            choices.append({
-                "index": c.index, "message": message, "logprobs": self._logprobs(out.logprobs),
-                "finish_reason": _finish(out.finish_reason, bool(calls)),
-            })  # fmt: skip
+            choices.append(
+                {
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": self._logprobs(out.logprobs),
+                    "finish_reason": _finish(out.finish_reason, bool(calls)),
+                }
+            )
         return self._wrap("chat.completion", choices, submitted.final_usage(outputs))
 
     def _calls(self, content: str | None) -> tuple[str | None, list[dict[str, Any]]]:
@@ -101,8 +111,9 @@ class ChatRenderer:
                 call = s["named"] = self.tools.calls("")[0]
                 fn = {"name": call["function"]["name"], "arguments": text}
                 s["calls"] = [call]
-                delta["tool_calls"] = [{"index": 0, "id": call["id"], "type": "function",
-                                        "function": fn}]  # fmt: skip
+                delta["tool_calls"] = [
+                    {"index": 0, "id": call["id"], "type": "function", "function": fn}
+                ]
             elif text:
                 delta["tool_calls"] = [{"index": 0, "function": {"arguments": text}}]
             return delta
@@ -131,8 +142,12 @@ class ChatRenderer:
     ) -> dict[str, Any]:
         if not c.started:
             delta = {"role": "assistant", "content": "", **delta}
-        return {"index": c.choice.index, "delta": delta, "logprobs": logprobs,
-                "finish_reason": finish}  # fmt: skip
+        return {
+            "index": c.choice.index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
 
     def _logprobs(self, entries: list[Any] | None) -> dict[str, Any] | None:
         if self.top_logprobs is None or not entries:
@@ -142,8 +157,13 @@ class ChatRenderer:
     def _wrap(
         self, kind: str, choices: list[dict[str, Any]], usage: dict[str, Any] | None
     ) -> dict[str, Any]:
-        body = {"id": self.cid, "object": kind, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
+        body = {
+            "id": self.cid,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         return body if usage is None else {**body, "usage": usage}
 
 

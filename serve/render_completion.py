@@ -40,11 +40,15 @@ class CompletionRenderer:
             text, blocks = self._prompt(c.prompt, out.prompt_logprobs, logs)
             if self.logprobs is not None:
                 blocks.append(logs.block(out.token_ids, list(out.logprobs or [])))
-            choices.append({
-                "index": c.index, "text": text + out.text,
-                "logprobs": merge(blocks) if self.logprobs is not None else None,
-                "finish_reason": out.finish_reason, "token_ids": out.token_ids,
-            })  # fmt: skip
+            choices.append(
+                {
+                    "index": c.index,
+                    "text": text + out.text,
+                    "logprobs": merge(blocks) if self.logprobs is not None else None,
+                    "finish_reason": out.finish_reason,
+                    "token_ids": out.token_ids,
+                }
+            )
         return self._wrap("text_completion", choices, submitted.final_usage(outputs))
 
     def delta(self, c: ChoiceStream, update: Update) -> dict[str, Any] | None:
@@ -96,12 +100,21 @@ class CompletionRenderer:
         self, c: ChoiceStream, text: str, blocks: list[Any], finish: str | None
     ) -> dict[str, Any]:
         logprobs = merge(blocks) if self.logprobs is not None else None
-        return {"index": c.choice.index, "text": text, "logprobs": logprobs,
-                "finish_reason": finish}  # fmt: skip
+        return {
+            "index": c.choice.index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
 
     def _wrap(
         self, kind: str, choices: list[dict[str, Any]], usage: dict[str, Any] | None
     ) -> dict[str, Any]:
-        body = {"id": self.cid, "object": kind, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
+        body = {
+            "id": self.cid,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         return body if usage is None else {**body, "usage": usage}

@@ -54,8 +54,7 @@ async def sse(
 ) -> AsyncIterator[str]:
     tokenizer = state.info.tokenizer
     streams = {
-        c.request_id: ChoiceStream(c, IncrementalText(tokenizer, stops))
-        for c in submitted.choices
+        c.request_id: ChoiceStream(c, IncrementalText(tokenizer, stops)) for c in submitted.choices
     }
     pending = set(streams)
     outputs: dict[str, Output] = {}

@@ -36,9 +36,11 @@ def specs_of(req: SamplingFields) -> list[Spec]:
         found.append(("json", rf.json_schema.json_schema, "response_format.json_schema"))
     so = req.structured_outputs
     guided = {
-        "json": req.guided_json, "regex": req.guided_regex, "choice": req.guided_choice,
+        "json": req.guided_json,
+        "regex": req.guided_regex,
+        "choice": req.guided_choice,
         "grammar": req.guided_grammar,
-    }  # fmt: skip
+    }
     for kind, spec in guided.items():
         if spec is not None:
             found.append((kind, spec, f"guided_{kind}"))
@@ -79,8 +81,9 @@ async def grammar_for(
     found = specs_of(req) + ([extra] if extra is not None else [])
     if len(found) > 1:
         fields = ", ".join(f for _, _, f in found)
-        raise bad_request(f"{found[1][2]}: only one structured output at a time ({fields})",
-                          found[1][2])  # fmt: skip
+        raise bad_request(
+            f"{found[1][2]}: only one structured output at a time ({fields})", found[1][2]
+        )
     return await compile_spec(state, found[0]) if found else None
 
 

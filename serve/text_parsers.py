@@ -86,8 +86,11 @@ class ReasoningStream:
 def tool_call(name: str, arguments: Any) -> dict[str, Any]:
     """A `message.tool_calls` entry; arguments are a JSON string, as OpenAI sends them."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
-    return {"id": f"call_{secrets.token_hex(12)}", "type": "function",
-            "function": {"name": name, "arguments": args}}  # fmt: skip
+    return {
+        "id": f"call_{secrets.token_hex(12)}",
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    }
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:

@@ -54,10 +54,14 @@ def plan(req: ChatRequest) -> ToolPlan:
             raise bad_request(f"{field}: {choice.function.name!r} is not among the tools", field)
         return ToolPlan("named", tools, fn.name, ("json", fn.parameters, "tools"))
     calls = [
-        {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-         "properties": {"name": {"const": f.name}, "arguments": f.parameters}}
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "arguments"],
+            "properties": {"name": {"const": f.name}, "arguments": f.parameters},
+        }
         for f in functions.values()
-    ]  # fmt: skip
+    ]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not req.parallel_tool_calls:
         schema["maxItems"] = 1

@@ -80,12 +80,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--max-prefill-tokens", type=int, default=None,
-                   help="flipjax's prefill budget per step (default: every prompt of the "
-                        "largest batch; with less, a batch's first rows decode while its later "
-                        "prompts prefill, and the decode rate also times those steps)")  # fmt: skip
-    p.add_argument("--disable-overlap-schedule", action="store_true",
-                   help="take each step's tokens in before the next, as in serve")  # fmt: skip
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=None,
+        help="flipjax's prefill budget per step (default: every prompt of the "
+        "largest batch; with less, a batch's first rows decode while its later "
+        "prompts prefill, and the decode rate also times those steps)",
+    )
+    p.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="take each step's tokens in before the next, as in serve",
+    )
     args = p.parse_args(argv)
     try:
         import torch
@@ -107,24 +114,30 @@ def main(argv: list[str] | None = None) -> None:
         n_params = sum(p.numel() for p in hf.parameters())
         embedding = REFERENCE_CONFIG["vocab_size"] * REFERENCE_CONFIG["hidden_size"]
         engine = Engine.from_pretrained(
-            folder, args.dtype, max_running_requests=max(batches),
+            folder,
+            args.dtype,
+            max_running_requests=max(batches),
             max_prefill_tokens=args.max_prefill_tokens or max(batches) * args.prompt_len,
             max_model_len=args.prompt_len + args.decode_tokens + 16,
             num_pages=max(batches) * ((args.prompt_len + args.decode_tokens) // 16 + 2),
             overlap=not args.disable_overlap_schedule,
-        )  # fmt: skip
+        )
     t0 = time.perf_counter()
     engine.warmup()
-    print(f"model: {n_params / 1e6:.0f}M parameters, {args.dtype}; flipjax warm-up compile "
-          f"{time.perf_counter() - t0:.0f} s ({engine.stats().compiles} programs)")  # fmt: skip
+    print(
+        f"model: {n_params / 1e6:.0f}M parameters, {args.dtype}; flipjax warm-up compile "
+        f"{time.perf_counter() - t0:.0f} s ({engine.stats().compiles} programs)"
+    )
 
     dtype = jnp.dtype(args.dtype)
     weight_bytes = dtype.itemsize * n_params
     bw = copy_bandwidth_gbs()
     floor_s = matvec_seconds(weight_bytes, dtype=dtype)
-    print(f"machine: copy {bw:.1f} GB/s, fp32 matmul {matmul_tflops() * 1e3:.0f} GFLOP/s, "
-          f"matvec over {weight_bytes / 1e6:.0f} MB of weights {floor_s * 1e3:.1f} ms "
-          f"-> batch-1 decode bound {1 / floor_s:.1f} tok/s")  # fmt: skip
+    print(
+        f"machine: copy {bw:.1f} GB/s, fp32 matmul {matmul_tflops() * 1e3:.0f} GFLOP/s, "
+        f"matvec over {weight_bytes / 1e6:.0f} MB of weights {floor_s * 1e3:.1f} ms "
+        f"-> batch-1 decode bound {1 / floor_s:.1f} tok/s"
+    )
     # A decode step multiplies every weight but the embedding's (a lookup) once per row.
     step_flops = 2 * (n_params - embedding)
 
@@ -137,8 +150,9 @@ def main(argv: list[str] | None = None) -> None:
 
         def run_hf(n: int, prompts: np.ndarray = prompts) -> None:
             with torch.no_grad():
-                hf.generate(torch.tensor(prompts), max_new_tokens=n, min_new_tokens=n,
-                            do_sample=False)  # fmt: skip
+                hf.generate(
+                    torch.tensor(prompts), max_new_tokens=n, min_new_tokens=n, do_sample=False
+                )
 
         def run_fj(n: int, prompts: np.ndarray = prompts) -> None:
             # Cold every time, as transformers is: no run may reuse the last one's prefixes.
@@ -149,13 +163,19 @@ def main(argv: list[str] | None = None) -> None:
         fj = measure(run_fj, batch, args.prompt_len, args.decode_tokens)
         ref = measure(run_hf, batch, args.prompt_len, args.decode_tokens)
         for name, t in (("transformers", ref), ("flipjax", fj)):
-            print(f"{batch:>5} {name:>12} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f} "
-                  f"{t.peak_mb:>8.0f}")  # fmt: skip
-        print(f"{batch:>5} {'ratio':>12} {fj.prefill_tok_s / ref.prefill_tok_s:>13.2f}x "
-              f"{fj.decode_tok_s / ref.decode_tok_s:>12.2f}x")  # fmt: skip
+            print(
+                f"{batch:>5} {name:>12} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f} "
+                f"{t.peak_mb:>8.0f}"
+            )
+        print(
+            f"{batch:>5} {'ratio':>12} {fj.prefill_tok_s / ref.prefill_tok_s:>13.2f}x "
+            f"{fj.decode_tok_s / ref.decode_tok_s:>12.2f}x"
+        )
         flop_s = step_flops * batch / gemm_flops(batch, dtype=dtype)
-        print(f"      flipjax decode reaches {fj.decode_tok_s * floor_s / batch:.0%} of the "
-              f"weight-read bound ({batch / floor_s:.0f} tok/s) and "
-              f"{fj.decode_tok_s * flop_s / batch:.0%} of the matmul bound "
-              f"({batch / flop_s:.0f} tok/s)")  # fmt: skip
+        print(
+            f"      flipjax decode reaches {fj.decode_tok_s * floor_s / batch:.0%} of the "
+            f"weight-read bound ({batch / floor_s:.0f} tok/s) and "
+            f"{fj.decode_tok_s * flop_s / batch:.0%} of the matmul bound "
+            f"({batch / flop_s:.0f} tok/s)"
+        )
     engine.check()

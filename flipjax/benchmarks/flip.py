@@ -131,12 +131,16 @@ def main(argv: list[str] | None = None) -> None:
     runner.warm_state_io()
     t0 = time.perf_counter()
     layouts.arm(args.b)
-    print(f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind}; arm {args.b}: "
-          f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    print(
+        f"devices: {len(jax.devices())} x {jax.devices()[0].device_kind}; arm {args.b}: "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
 
     full: dict[str, list] = {}
-    print(f"{'occupancy':>9} {'pages':>6} {'direction':>16} {'flip ms':>8} {'pools ms':>9} "
-          f"{'pools MiB moved':>16} {'of':>6}")  # fmt: skip
+    print(
+        f"{'occupancy':>9} {'pages':>6} {'direction':>16} {'flip ms':>8} {'pools ms':>9} "
+        f"{'pools MiB moved':>16} {'of':>6}"
+    )
     for occupancy in (0.01, 0.25, 1.0):
         records = _flips_at(layouts, occupancy, args.a, args.b, args.repeats)
         for target, source in ((args.b, args.a), (args.a, args.b)):
@@ -145,9 +149,11 @@ def main(argv: list[str] | None = None) -> None:
             pools_ms = statistics.median(x.kv_ms + x.gdn_ms for x in recs)
             pools = (r.kv_bytes + r.gdn_bytes) / 2**20
             held = (r.held_bytes - r.weights_bytes) / 2**20
-            print(f"{occupancy:>9.0%} {r.live_pages:>6} {source + '->' + target:>16} "
-                  f"{statistics.median(x.total_ms for x in recs):>8.1f} {pools_ms:>9.1f} "
-                  f"{pools:>16.1f} {held:>6.1f}")  # fmt: skip
+            print(
+                f"{occupancy:>9.0%} {r.live_pages:>6} {source + '->' + target:>16} "
+                f"{statistics.median(x.total_ms for x in recs):>8.1f} {pools_ms:>9.1f} "
+                f"{pools:>16.1f} {held:>6.1f}"
+            )
         full = records
     tree = (runner.binding.params, runner.binding.state)
     placements = {name: layouts.armed[name] for name in (args.a, args.b)}
@@ -177,8 +183,10 @@ def main(argv: list[str] | None = None) -> None:
         orbax_ckpt.save(ckpt, runner.params, cfg, jnp.float32, copy_from=None)
         child = subprocess.run(
             [sys.executable, "-m", "flipjax.bench", "flip", "--restart-child", ckpt, args.b],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     restored_s, restart_s = map(float, child.stdout.split()[-2:])
     flip_s = statistics.median(r.total_ms for r in records[args.b]) / 1e3
     print(

@@ -29,10 +29,17 @@ from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure, timed
 
 # About 0.6B parameters: big enough that a decode step is not all launch overhead.
 GPU_CONFIG = dict(
-    REFERENCE_CONFIG, hidden_size=2048, num_attention_heads=16, num_key_value_heads=2,
-    head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=128,
-    linear_value_head_dim=128, intermediate_size=5632,
-)  # fmt: skip
+    REFERENCE_CONFIG,
+    hidden_size=2048,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=128,
+    linear_num_key_heads=8,
+    linear_num_value_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    intermediate_size=5632,
+)
 
 
 @functools.cache
@@ -74,8 +81,9 @@ def _prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
     return [list(map(int, rng.integers(0, 256, length))) for _ in range(n)]
 
 
-def decode_and_prefill(modes: tuple[str, str], small: bool, batches: list[int],
-                       prompt_len: int, decode: int, long: int) -> dict[str, Any]:  # fmt: skip
+def decode_and_prefill(
+    modes: tuple[str, str], small: bool, batches: list[int], prompt_len: int, decode: int, long: int
+) -> dict[str, Any]:
     from flipjax import SamplingParams
 
     out: dict[str, Any] = {"decode": [], "prefill": {}}
@@ -118,8 +126,13 @@ def flip_round_trip(kernels: str, small: bool) -> list[dict[str, Any]]:
             engine.step()
         engine.arm(target)
         record = engine.flip(target)
-        records.append({"direction": record.direction, "total_ms": record.total_ms,
-                        "moved_mib": record.total_bytes / 2**20})  # fmt: skip
+        records.append(
+            {
+                "direction": record.direction,
+                "total_ms": record.total_ms,
+                "moved_mib": record.total_bytes / 2**20,
+            }
+        )
         while engine.has_unfinished():
             engine.step()
     engine.check()
@@ -128,8 +141,12 @@ def flip_round_trip(kernels: str, small: bool) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m flipjax.bench gpu", description=__doc__)
-    p.add_argument("--small", action="store_true", default=None,
-                   help="the tiny model, interpreted kernels (the default off a GPU)")  # fmt: skip
+    p.add_argument(
+        "--small",
+        action="store_true",
+        default=None,
+        help="the tiny model, interpreted kernels (the default off a GPU)",
+    )
     p.add_argument("--json", default="flipjax_gpu_bench.json", help="where the numbers go")
     args = p.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
@@ -142,17 +159,23 @@ def main(argv: list[str] | None = None) -> None:
     batches = [1, 2] if small else [1, 8, 64]
     prompt_len, decode, long = (32, 4, 256) if small else (128, 32, 4096)
     results: dict[str, Any] = {
-        "device": jax.devices()[0].device_kind, "devices": len(jax.devices()),
-        "model": "tiny (fp32)" if small else "GPU_CONFIG (bf16)", "kernels": kernels,
+        "device": jax.devices()[0].device_kind,
+        "devices": len(jax.devices()),
+        "model": "tiny (fp32)" if small else "GPU_CONFIG (bf16)",
+        "kernels": kernels,
         **decode_and_prefill((kernels, "reference"), small, batches, prompt_len, decode, long),
-    }  # fmt: skip
+    }
     print(f"{'batch':>5} {kernels + ' tok/s':>16} {'reference tok/s':>16} {'ratio':>6}")
     for row in results["decode"]:
-        print(f"{row['batch']:>5} {row[kernels]:>16.1f} {row['reference']:>16.1f} "
-              f"{row[kernels] / row['reference']:>5.2f}x")  # fmt: skip
+        print(
+            f"{row['batch']:>5} {row[kernels]:>16.1f} {row['reference']:>16.1f} "
+            f"{row[kernels] / row['reference']:>5.2f}x"
+        )
     pre = results["prefill"]
-    print(f"prefill of {long} tokens: {kernels} {pre[kernels]:.0f} tok/s, reference "
-          f"{pre['reference']:.0f} tok/s ({pre[kernels] / pre['reference']:.2f}x)")  # fmt: skip
+    print(
+        f"prefill of {long} tokens: {kernels} {pre[kernels]:.0f} tok/s, reference "
+        f"{pre['reference']:.0f} tok/s ({pre[kernels] / pre['reference']:.2f}x)"
+    )
     if len(jax.devices()) > 1:
         results["flips"] = flip_round_trip(kernels, small)
         for f in results["flips"]:

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG
-from kernels_pallas import dense_native, dispatch, head_parallel, native
+from kernels_pallas import dispatch, head_parallel, native
+from kernels_pallas.matmul import native_binding as dense_native
 
 COPIES_BYTES = 96 << 20  # more than a server CPU's last-level cache
 
@@ -32,10 +33,14 @@ def weight_shapes(cfg: dict) -> list[tuple[int, int]]:
     dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
     shapes = {
         (h, cfg["vocab_size"]),  # lm head
-        (h, cfg["intermediate_size"]), (cfg["intermediate_size"], h),  # MLP
-        (h, 2 * hk * dk + 2 * hv * dv), (h, 2 * hv), (hv * dv, h),  # GDN in and out
-        (h, 2 * cfg["num_attention_heads"] * d), (h, cfg["num_key_value_heads"] * d),  # q, k/v
-    }  # fmt: skip
+        (h, cfg["intermediate_size"]),
+        (cfg["intermediate_size"], h),  # MLP
+        (h, 2 * hk * dk + 2 * hv * dv),
+        (h, 2 * hv),
+        (hv * dv, h),  # GDN in and out
+        (h, 2 * cfg["num_attention_heads"] * d),
+        (h, cfg["num_key_value_heads"] * d),  # q, k/v
+    }
     return sorted(shapes, key=lambda s: -s[0] * s[1])
 
 
@@ -69,8 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     ours = jax.jit(lambda x, w: dense_native.matmul(targets, x, w))
     xla = jax.jit(lambda x, w: _xla_product(x, w))
     rng = np.random.default_rng(0)
-    print(f"{'x @ w':>24} {'native ms':>10} {'xla ms':>8} {'ratio':>6} {'GB/s native':>12} "
-          f"{'xla':>6}  dispatch")  # fmt: skip
+    print(
+        f"{'x @ w':>24} {'native ms':>10} {'xla ms':>8} {'ratio':>6} {'GB/s native':>12} "
+        f"{'xla':>6}  dispatch"
+    )
     for k, n in weight_shapes(REFERENCE_CONFIG):
         nbytes = dtype.itemsize * k * n
         copies = max(1, COPIES_BYTES // nbytes)
@@ -80,9 +87,11 @@ def main(argv: list[str] | None = None) -> None:
             t_ours = per_call_seconds(ours, x, ws, args.repeats)
             t_xla = per_call_seconds(xla, x, ws, args.repeats)
             picked = _picked(m, n, dtype)
-            print(f"{f'[{m},{k}] x [{k},{n}]':>24} {t_ours * 1e3:>10.3f} {t_xla * 1e3:>8.3f} "
-                  f"{t_xla / t_ours:>5.2f}x {nbytes / t_ours / 1e9:>12.1f} "
-                  f"{nbytes / t_xla / 1e9:>6.1f}  {'native' if picked else 'xla'}")  # fmt: skip
+            print(
+                f"{f'[{m},{k}] x [{k},{n}]':>24} {t_ours * 1e3:>10.3f} {t_xla * 1e3:>8.3f} "
+                f"{t_xla / t_ours:>5.2f}x {nbytes / t_ours / 1e9:>12.1f} "
+                f"{nbytes / t_xla / 1e9:>6.1f}  {'native' if picked else 'xla'}"
+            )
 
 
 def _xla_product(x: jax.Array, w: jax.Array) -> jax.Array:

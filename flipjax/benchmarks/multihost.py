@@ -19,10 +19,18 @@ import sys
 import tempfile
 
 MODEL = dict(
-    vocab_size=4096, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-    num_key_value_heads=4, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8,
-    linear_key_head_dim=64, linear_value_head_dim=64, intermediate_size=1536,
-)  # fmt: skip
+    vocab_size=4096,
+    hidden_size=512,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    linear_num_key_heads=4,
+    linear_num_value_heads=8,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    intermediate_size=1536,
+)
 OPTIONS = dict(num_pages=256, max_prefill_tokens=64)
 
 
@@ -43,17 +51,21 @@ def main(argv: list[str] | None = None) -> None:
         one = _run([_cmd(args, ckpt)], devices=4)[0]
         coordinator = f"127.0.0.1:{_free_port()}"
         two = _run([_cmd(args, ckpt, coordinator, i) for i in range(2)], devices=2)[0]
-    print(f"tp:4, batch {args.batch}, {args.decode_tokens} greedy tokens after "
-          f"{args.prompt_len}-token prompts")  # fmt: skip
+    print(
+        f"tp:4, batch {args.batch}, {args.decode_tokens} greedy tokens after "
+        f"{args.prompt_len}-token prompts"
+    )
     for name, r in (("1 process x 4 devices", one), ("2 processes x 2 devices", two)):
         print(f"  {name:<24} decode {r['decode_tps']:8.1f} tok/s  step {r['step_ms']:6.1f} ms")
     print(f"  ratio 2-process / 1-process decode: {two['decode_tps'] / one['decode_tps']:.2f}x")
     per = two["broadcast_ms"] / max(two["announcements"], 1)
-    print(f"  plan broadcast: {per:.2f} ms per announcement ({two['announcements']} sent, "
-          f"{two['bytes'] / max(two['announcements'], 1):.0f} B each, "
-          f"{two['extra_frames']} needed a second frame); "
-          f"{two['broadcast_decode_ms']:.2f} ms per decode step, "
-          f"{100 * two['broadcast_decode_ms'] / two['step_ms']:.0f}% of it")  # fmt: skip
+    print(
+        f"  plan broadcast: {per:.2f} ms per announcement ({two['announcements']} sent, "
+        f"{two['bytes'] / max(two['announcements'], 1):.0f} B each, "
+        f"{two['extra_frames']} needed a second frame); "
+        f"{two['broadcast_decode_ms']:.2f} ms per decode step, "
+        f"{100 * two['broadcast_decode_ms'] / two['step_ms']:.0f}% of it"
+    )
 
 
 _WRITE = """
@@ -74,11 +86,25 @@ def _env(devices: int) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
 
 
-def _cmd(args: argparse.Namespace, ckpt: str, coordinator: str | None = None,
-         process_id: int | None = None) -> list[str]:  # fmt: skip
-    cmd = [sys.executable, "-m", "flipjax.benchmarks.multihost", "--worker", ckpt,
-           "--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
-           "--decode-tokens", str(args.decode_tokens)]  # fmt: skip
+def _cmd(
+    args: argparse.Namespace,
+    ckpt: str,
+    coordinator: str | None = None,
+    process_id: int | None = None,
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "flipjax.benchmarks.multihost",
+        "--worker",
+        ckpt,
+        "--batch",
+        str(args.batch),
+        "--prompt-len",
+        str(args.prompt_len),
+        "--decode-tokens",
+        str(args.decode_tokens),
+    ]
     if coordinator is not None:
         cmd += ["--coordinator", coordinator, "--process-id", str(process_id)]
     return cmd
@@ -133,13 +159,14 @@ def _worker(args: argparse.Namespace) -> None:
             decode_steps += 1
             broadcast_decode += (chan.seconds if chan else 0.0) - before
     result = dict(
-        decode_tps=decode_tokens / decode_s, step_ms=1e3 * decode_s / decode_steps,
+        decode_tps=decode_tokens / decode_s,
+        step_ms=1e3 * decode_s / decode_steps,
         broadcast_decode_ms=1e3 * broadcast_decode / decode_steps,
         broadcast_ms=1e3 * ((chan.seconds if chan else 0.0) - secs0),
         announcements=(chan.counters["sent"] - sent0.get("sent", 0)) if chan else 0,
         bytes=(chan.counters["bytes"] - sent0.get("bytes", 0)) if chan else 0,
         extra_frames=(chan.counters["extra_frames"] - sent0.get("extra_frames", 0)) if chan else 0,
-    )  # fmt: skip
+    )
     mirror.stop()
     print(json.dumps(result), flush=True)
 

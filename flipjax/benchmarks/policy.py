@@ -49,8 +49,10 @@ def simulate(rates: dict, start: str, policy: bool, batch: int = 64, budget: int
     pre, dec = rates["prefill_layout"], rates["decode_layout"]
     tps = {k: Throughput(**v) for k, v in rates["throughput"].items()}
     legs = {dec: rates["legs"]["to_decode_s"], pre: rates["legs"]["to_prefill_s"]}
-    governor = Governor(PolicyConfig(pre, dec, ttft_budget_s=rates.get("ttft_budget_s")),
-                        FlipCosts(seed_s=min(legs.values())))  # fmt: skip
+    governor = Governor(
+        PolicyConfig(pre, dec, ttft_budget_s=rates.get("ttft_budget_s")),
+        FlipCosts(seed_s=min(legs.values())),
+    )
     reqs, now, layout, flips, running = trace(), 0.0, start, 0, []
     while any(r.done is None for r in reqs):
         arrived = [r for r in reqs if r.arrival <= now and r.done is None]
@@ -64,8 +66,9 @@ def simulate(rates: dict, start: str, policy: bool, batch: int = 64, budget: int
             waited = now - min((r.arrival for r in arrived if r.first_token is None), default=now)
             decoders = [r for r in running if r.prompt == 0]
             left = sum(min(r.output, governor.config.horizon_tokens) for r in decoders)
-            snap = Snapshot(now, layout, queued, len(decoders), tps, waiting_s=waited,
-                            decode_tokens_left=left)  # fmt: skip
+            snap = Snapshot(
+                now, layout, queued, len(decoders), tps, waiting_s=waited, decode_tokens_left=left
+            )
             choice = governor.decide(snap, awaiting)
             if isinstance(choice, FlipTo):
                 now += legs[choice.layout]
@@ -90,8 +93,12 @@ def simulate(rates: dict, start: str, policy: bool, batch: int = 64, budget: int
             r.done = now
             running.remove(r)
     ttft = sorted(r.first_token - r.arrival for r in reqs)
-    return {"total_s": now, "ttft_p50": statistics.median(ttft),
-            "ttft_p99": ttft[int(0.99 * (len(ttft) - 1))], "flips": flips}  # fmt: skip
+    return {
+        "total_s": now,
+        "ttft_p50": statistics.median(ttft),
+        "ttft_p99": ttft[int(0.99 * (len(ttft) - 1))],
+        "flips": flips,
+    }
 
 
 def measured_rates() -> dict:
@@ -100,15 +107,20 @@ def measured_rates() -> dict:
     from flipjax.engine.engine import Engine
     from flipjax.engine.pilot import Autopilot
 
-    engine = Engine.from_pretrained("tiny", layout="pp:5,3", num_pages=512,
-                                    max_running_requests=8, max_prefill_tokens=256)  # fmt: skip
+    engine = Engine.from_pretrained(
+        "tiny", layout="pp:5,3", num_pages=512, max_running_requests=8, max_prefill_tokens=256
+    )
     engine.warmup()  # as a server does before it calibrates: compiles stay out of the rates
     engine.arm("tp:2")
     pilot = Autopilot(PolicyConfig("pp:5,3", "tp:2"))
     pilot.calibrate(engine, prompt_tokens=512, rows=8)
     tps = pilot.throughput()
-    return {"prefill_layout": "pp:5,3", "decode_layout": "tp:2", "legs": LEGS,
-            "throughput": {k: vars(v) for k, v in tps.items()}}  # fmt: skip
+    return {
+        "prefill_layout": "pp:5,3",
+        "decode_layout": "tp:2",
+        "legs": LEGS,
+        "throughput": {k: vars(v) for k, v in tps.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,9 +145,13 @@ def main(argv: list[str] | None = None) -> None:
         "auto": simulate(rates, rates["prefill_layout"], True),
     }
     for name, r in results.items():
-        print(f"{name:>12} {r['total_s']:>9.1f} {r['ttft_p50']:>11.2f} {r['ttft_p99']:>11.2f} "
-              f"{r['flips']:>6}")  # fmt: skip
+        print(
+            f"{name:>12} {r['total_s']:>9.1f} {r['ttft_p50']:>11.2f} {r['ttft_p99']:>11.2f} "
+            f"{r['flips']:>6}"
+        )
     pp, tp, auto = results.values()
-    print(f"auto total / best static = {auto['total_s'] / min(pp['total_s'], tp['total_s']):.2f}x "
-          f"(target <= 1); auto TTFT p99 / static prefill layout = "
-          f"{auto['ttft_p99'] / pp['ttft_p99']:.2f}x (target <= 1)")  # fmt: skip
+    print(
+        f"auto total / best static = {auto['total_s'] / min(pp['total_s'], tp['total_s']):.2f}x "
+        f"(target <= 1); auto TTFT p99 / static prefill layout = "
+        f"{auto['ttft_p99'] / pp['ttft_p99']:.2f}x (target <= 1)"
+    )

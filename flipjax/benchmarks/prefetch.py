@@ -78,13 +78,16 @@ def main(argv: list[str] | None = None) -> None:
             eng.warmup()
             eng.generate([prompts[-1]], max_new_tokens=2)  # compiles the seeding path
             _drop_page_cache(folder)
-            gaps, seeded = _stream_through_hits(eng, prompts[: args.hits], args.every,
-                                                SamplingParams)  # fmt: skip
+            gaps, seeded = _stream_through_hits(
+                eng, prompts[: args.hits], args.every, SamplingParams
+            )
             bridge.store.close()
             rows.append((mode, gaps, seeded))
 
-    print(f"a stream's inter-token gaps (ms) around {args.hits} disk hits of "
-          f"{rows[0][2] // args.hits} tokens each; tiny model, fp32")  # fmt: skip
+    print(
+        f"a stream's inter-token gaps (ms) around {args.hits} disk hits of "
+        f"{rows[0][2] // args.hits} tokens each; tiny model, fp32"
+    )
     print(f"{'store read':<22} {'p50':>7} {'p99':>7} {'max':>7} {'hit tokens':>11}")
     for mode, gaps, seeded in rows:
         q = np.percentile(gaps, [50, 99])

@@ -68,10 +68,12 @@ def structured(engine: Engine, batch: int, tokens: int, rounds: int) -> None:
     for _ in range(200):
         fill.next_mask()
     fill_us = (time.perf_counter() - t0) / 200 * 1e6
-    print(f"batch {batch:>2}: step {timings['no grammar']:6.1f} ms without grammar rows, "
-          f"{timings['every row']:6.1f} ms with every row under a grammar "
-          f"({timings['every row'] / timings['no grammar']:.2f}x); one row's mask fill "
-          f"{fill_us:.0f} us")  # fmt: skip
+    print(
+        f"batch {batch:>2}: step {timings['no grammar']:6.1f} ms without grammar rows, "
+        f"{timings['every row']:6.1f} ms with every row under a grammar "
+        f"({timings['every row'] / timings['no grammar']:.2f}x); one row's mask fill "
+        f"{fill_us:.0f} us"
+    )
 
 
 def fill_at_scale(vocab_size: int = 151936, steps: int = 64) -> None:
@@ -82,8 +84,11 @@ def fill_at_scale(vocab_size: int = 151936, steps: int = 64) -> None:
         bytes(rng.choices(range(32, 127), k=rng.randint(2, 8))) for _ in range(vocab_size - 256)
     ]
     info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=[0])
-    schema = {"type": "object", "properties": {"name": {"type": "string"},
-              "age": {"type": "integer"}}, "required": ["name", "age"]}  # fmt: skip
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
     t0 = time.perf_counter()
     compiled = xgr.GrammarCompiler(info, max_threads=2).compile_json_schema(json.dumps(schema))
     compile_s = time.perf_counter() - t0
@@ -96,8 +101,10 @@ def fill_at_scale(vocab_size: int = 151936, steps: int = 64) -> None:
     for _ in range(steps):
         matcher.fill_next_token_bitmask(mask)
     fill_us = (time.perf_counter() - t0) / (steps + 12) * 1e6
-    print(f"vocabulary {vocab_size}: a JSON schema compiles in {compile_s:.2f} s (once, off the "
-          f"engine thread); one row's mask fill {fill_us:.0f} us per step")  # fmt: skip
+    print(
+        f"vocabulary {vocab_size}: a JSON schema compiles in {compile_s:.2f} s (once, off the "
+        f"engine thread); one row's mask fill {fill_us:.0f} us per step"
+    )
 
 
 def choices(engine: Engine, n: int, prompt_len: int, tokens: int) -> None:
@@ -111,9 +118,11 @@ def choices(engine: Engine, n: int, prompt_len: int, tokens: int) -> None:
     for i in range(n):
         engine.add_request(prompt, params.replace(seed=5 + i))
     apart_s, apart_tokens = _drain(engine)
-    print(f"n={n}, {prompt_len}-token prompt, {tokens} tokens each: one request computes "
-          f"{forked_tokens} prompt tokens in {forked_s:.2f} s; {n} requests compute "
-          f"{apart_tokens} in {apart_s:.2f} s ({apart_s / forked_s:.2f}x the time)")  # fmt: skip
+    print(
+        f"n={n}, {prompt_len}-token prompt, {tokens} tokens each: one request computes "
+        f"{forked_tokens} prompt tokens in {forked_s:.2f} s; {n} requests compute "
+        f"{apart_tokens} in {apart_s:.2f} s ({apart_s / forked_s:.2f}x the time)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,11 +41,25 @@ def _free_port() -> int:
 def _start(args: argparse.Namespace, store_dir: str, log: Any) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     cmd = [
-        sys.executable, "-m", "flipjax.serve", "--model", args.model, "--port", str(port),
-        "--store-dir", store_dir, "--gdn-checkpoint-interval", "64",
-        "--max-prefill-tokens", "512", "--log-level", "warning", "--admin-api-key", ADMIN_KEY,
+        sys.executable,
+        "-m",
+        "flipjax.serve",
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+        "--store-dir",
+        store_dir,
+        "--gdn-checkpoint-interval",
+        "64",
+        "--max-prefill-tokens",
+        "512",
+        "--log-level",
+        "warning",
+        "--admin-api-key",
+        ADMIN_KEY,
         *(["--disable-overlap-schedule"] if args.disable_overlap_schedule else []),
-    ]  # fmt: skip
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -65,9 +79,15 @@ async def _stream(
     client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int
 ) -> dict[str, Any]:
     """One streamed completion: time to first token, gaps between chunks, usage."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-            "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     first, last, gaps, usage = None, None, [], {}
     async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -87,8 +107,10 @@ async def _stream(
 
 
 async def _workload(base: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    systems = [f"system {i}: " + "you are a careful assistant. " * (args.system_len // 28)
-               for i in range(SYSTEM_PROMPTS)]  # fmt: skip
+    systems = [
+        f"system {i}: " + "you are a careful assistant. " * (args.system_len // 28)
+        for i in range(SYSTEM_PROMPTS)
+    ]
     async with httpx.AsyncClient(base_url=base, timeout=600) as client:
 
         async def client_loop(c: int) -> list[dict[str, Any]]:

@@ -67,9 +67,12 @@ class RadixCache:
         """The deepest usable cached prefix of `token_ids`; marks its path recently used."""
         path = self._path(token_ids)
         tokens = usable_prefix(
-            len(path), self.page_size, self.interval, lambda i: True,
+            len(path),
+            self.page_size,
+            self.interval,
+            lambda i: True,
             lambda i: path[i].slot is not None,
-        )  # fmt: skip
+        )
         used = path[: tokens // self.page_size]
         self._touch(used)
         self.counters["lookups"] += 1

@@ -130,6 +130,12 @@ def _choice(parent: Sequence, i: int) -> Sequence:
     as vLLM seeds parallel choices) and grammar state."""
     grammar = parent.grammar.fork() if parent.grammar is not None else None
     return Sequence(
-        f"{parent.request_id}-{i}", parent.prompt_ids, parent.params, parent.max_tokens,
-        parent.seed + i, chat=parent.chat, grammar=grammar, parent=parent,
-    )  # fmt: skip
+        f"{parent.request_id}-{i}",
+        parent.prompt_ids,
+        parent.params,
+        parent.max_tokens,
+        parent.seed + i,
+        chat=parent.chat,
+        grammar=grammar,
+        parent=parent,
+    )

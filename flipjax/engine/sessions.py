@@ -73,9 +73,15 @@ def continuation(
         return Sequence("", state.token_ids + new_turn, params, 0, seed, session_id=session_id)
     seed = params.seed if params.seed is not None else state.seed
     seq = Sequence(
-        "", state.token_ids[: state.prompt_len], params, 0, seed,
-        output_ids=state.token_ids[state.prompt_len :], session_id=session_id, chat=state.chat,
-    )  # fmt: skip
+        "",
+        state.token_ids[: state.prompt_len],
+        params,
+        0,
+        seed,
+        output_ids=state.token_ids[state.prompt_len :],
+        session_id=session_id,
+        chat=state.chat,
+    )
     seq.carried = len(seq.output_ids)
     return seq
 

@@ -48,10 +48,13 @@ class ChatMessage(Lenient):
                 out[key] = getattr(self, key)
         if self.tool_calls:
             out["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.function.name, "arguments": _arguments(c)}}
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _arguments(c)},
+                }
                 for c in self.tool_calls
-            ]  # fmt: skip
+            ]
         return out
 
 

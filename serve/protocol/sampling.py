@@ -112,12 +112,21 @@ class SamplingFields(Lenient):
         logprobs to compute) is a 400 naming the field."""
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         fields = dict(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, min_p=self.min_p, presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-            min_tokens=self.min_tokens, logit_bias=self.logit_bias or {}, seed=self.seed,
-            stop=stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
-        )  # fmt: skip
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            logit_bias=self.logit_bias or {},
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+        )
         try:
             return SamplingParams(**{**fields, **overrides})
         except ValueError as err:

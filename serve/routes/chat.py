@@ -39,10 +39,12 @@ async def chat_completions(req: ChatRequest, state: State) -> Response:
     tools = plan(req)
     try:
         prompt = state.template.render(
-            messages, tools=tools.tools, add_generation_prompt=req.add_generation_prompt,
+            messages,
+            tools=tools.tools,
+            add_generation_prompt=req.add_generation_prompt,
             continue_final_message=req.continue_final_message,
             **(req.chat_template_kwargs or {}),
-        )  # fmt: skip
+        )
     except Exception as e:  # noqa: BLE001 - a template error is the request's problem
         raise bad_request(f"messages: the chat template failed: {e}", "messages") from None
     k = req.top_logprobs if req.logprobs else None

@@ -83,9 +83,12 @@ async def tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
         try:
             text = state.template.render(
-                messages, tools, req.add_generation_prompt, req.continue_final_message,
+                messages,
+                tools,
+                req.add_generation_prompt,
+                req.continue_final_message,
                 **(req.chat_template_kwargs or {}),
-            )  # fmt: skip
+            )
         except Exception as e:  # noqa: BLE001 - a template error is the request's problem
             raise bad_request(f"messages: the chat template failed: {e}", "messages") from None
     tokenizer = state.info.tokenizer
@@ -94,8 +97,10 @@ async def tokenize(req: TokenizeRequest, state: State) -> dict[str, Any]:
     except ValueError as err:
         raise bad_request(str(err), "prompt") from None
     out: dict[str, Any] = {
-        "count": len(tokens), "max_model_len": state.info.max_model_len, "tokens": tokens,
-    }  # fmt: skip
+        "count": len(tokens),
+        "max_model_len": state.info.max_model_len,
+        "tokens": tokens,
+    }
     if req.return_token_strs:
         out["token_strs"] = [tokenizer.decode([t]) for t in tokens]
     return out
@@ -107,8 +112,9 @@ async def detokenize(req: DetokenizeRequest, state: State) -> dict[str, str]:
     vocab = state.info.model.vocab_size
     bad = [t for t in req.tokens if not 0 <= t < vocab]
     if bad:
-        raise bad_request(f"tokens: ids {bad[:8]} are outside the vocabulary [0, {vocab})",
-                          "tokens")  # fmt: skip
+        raise bad_request(
+            f"tokens: ids {bad[:8]} are outside the vocabulary [0, {vocab})", "tokens"
+        )
     return {"prompt": state.info.tokenizer.decode(req.tokens)}
 
 
@@ -116,9 +122,12 @@ async def detokenize(req: DetokenizeRequest, state: State) -> dict[str, str]:
 async def tokenizer_info(state: State) -> dict[str, Any]:
     return {
         "tokenizer_class": type(state.info.tokenizer).__name__,
-        "eos_token": _eos_text(state), "bos_token": None, "pad_token": None,
-        "chat_template": state.template.source, "model_max_length": state.info.max_model_len,
-    }  # fmt: skip
+        "eos_token": _eos_text(state),
+        "bos_token": None,
+        "pad_token": None,
+        "chat_template": state.template.source,
+        "model_max_length": state.info.max_model_len,
+    }
 
 
 def _eos_text(state: ServerState) -> str | None:
