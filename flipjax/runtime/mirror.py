@@ -5,14 +5,16 @@ In JAX's multi-controller model each process must launch the same programs over 
 mesh. Only process 0 schedules, so it announces each device operation before running it: the
 methods marked `@mirrored` (a step's rows, positions and page tables, a page write of store
 payloads, a page copy, a flip's live set, ...). An announcement is the method's name and its
-host arguments (encoded by `plan_codec`, which a follower reads back allowing only the types
-an announcement holds, and only the names of mirrored methods), broadcast with
-`multihost_utils.broadcast_one_to_all`: a collective over the same runtime as the model's
+host arguments (encoded by `plan_codec` in msgpack, never pickle; a follower reads it back
+allowing only the types an announcement holds, and only the names of mirrored methods), broadcast
+with `multihost_utils.broadcast_one_to_all`: a collective over the same runtime as the model's
 (gloo here, NCCL on GPUs), so no second transport is needed. The other processes `follow`:
 receive, call the same method on their own objects, repeat.
 
 A frame is fixed at `FRAME_BYTES` so that one collective (one compiled program) carries a
-typical step; a larger message sends its rest in a second, power-of-two sized broadcast. Only
+typical step; a larger message sends its rest in a second, power-of-two sized broadcast. A frame
+declares its message's length, which is bounded (`MAX_MESSAGE_BYTES`): process 0 refuses to send
+a longer message, and a follower refuses a frame declaring one before it allocates the rest. Only
 the outermost mirrored call is announced: what it calls inside happens on every process anyway.
 Sampling runs on process 0's device only, so sampling parameters and grammar masks are never
 broadcast. Reads for the store come back to process 0 through
@@ -39,6 +41,11 @@ from flipjax.runtime.plan_codec import PlanRefused, decode, encode
 log = logging.getLogger("flipjax.mirror")
 
 FRAME_BYTES = 4096
+# The largest real message is a page write of a stored prefix: its KV pages and a GDN state. For
+# the family's largest model (12 full-attention layers of 2 KV heads of 256, 36 GDN layers of
+# 32 heads of 128 x 128 in float32) a whole 262,144-token context is 6 GiB of bfloat16 pages
+# and 72 MiB of state; a bound below that would refuse real store hits.
+MAX_MESSAGE_BYTES = 8 << 30
 _HEADER = 8  # the message's length, then its first bytes
 _STOP, _PING = "stop", "ping"
 _MIRRORED: set[str] = {_STOP, _PING}  # the names an announcement may carry
@@ -55,6 +62,10 @@ class Channel:
 
     def send(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         data = encode(name, args, kwargs)
+        if len(data) > MAX_MESSAGE_BYTES:  # refused here, before any process is told of it
+            raise PlanRefused(
+                f"plan broadcast: {name}: {len(data)} bytes, over the {MAX_MESSAGE_BYTES}"
+            )
         with self._lock:
             t0 = time.perf_counter()
             try:
@@ -71,7 +82,8 @@ class Channel:
 
 
 def _broadcast_message(data: bytes | None) -> bytes:
-    """Broadcast `data` from process 0 (None elsewhere); every process gets it."""
+    """Broadcast `data` from process 0 (None elsewhere); every process gets it. `PlanRefused`
+    for a frame declaring more than `MAX_MESSAGE_BYTES`."""
     frame = np.zeros(FRAME_BYTES, np.uint8)
     if data is not None:
         head = data[: FRAME_BYTES - _HEADER]
@@ -79,6 +91,10 @@ def _broadcast_message(data: bytes | None) -> bytes:
         frame[_HEADER : _HEADER + len(head)] = np.frombuffer(head, np.uint8)
     frame = np.asarray(multihost_utils.broadcast_one_to_all(frame))
     size = int(frame[:_HEADER].view(np.uint64)[0])
+    if size > MAX_MESSAGE_BYTES:  # a corrupted or forged frame: allocate nothing for its rest
+        raise PlanRefused(
+            f"plan broadcast: a frame declares {size} bytes, over the {MAX_MESSAGE_BYTES}"
+        )
     out = frame[_HEADER : _HEADER + size].tobytes()
     rest = size - len(out)
     if rest > 0:
@@ -152,6 +168,8 @@ def follow(targets: dict[str, Any]) -> int:
     while True:
         try:
             data = chan.receive()
+        except PlanRefused:
+            raise
         except Exception as err:  # noqa: BLE001 - a failed collective is a lost process
             raise multihost.ProcessLost(multihost.lost_processes() or [0], err) from err
         name, args, kwargs = decode(data)
