@@ -35,7 +35,7 @@ redis-server:
 	  command -v apt-get >/dev/null || { echo "install redis-server (7 or later)"; exit 1; }; \
 	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y redis-server; }
 
-# The native CPU kernels (kernels_pallas/cpu) are compiled on first use with the machine's C++
+# The native CPU kernels (kernels_pallas/*/*.cc) are compiled on first use with the machine's C++
 # compiler; without one the pure-JAX references run instead, more slowly.
 cxx:
 	@command -v g++ >/dev/null || command -v c++ >/dev/null || { \

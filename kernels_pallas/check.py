@@ -23,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from flipjax.benchmarks.machine import best_of, copy_bandwidth_gbs
-from kernels_pallas import gdn_reference as gdn
-from kernels_pallas.gdn import delta_rule_kernel, gated_delta_rule_step
-from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
+from kernels_pallas.gdn import reference as gdn
+from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel, gated_delta_rule_step
+from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
+from kernels_pallas.paged_attention.reference import paged_attention_reference
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ def max_err(a: jax.Array, b: jax.Array, mask: np.ndarray | None = None) -> float
     return float(diff[mask].max() if mask is not None else diff.max())
 
 
-def report(name: str, err: float, kernel_ms: float, ref_ms: float, nbytes: float,
-           flops: float, copy: float) -> None:
+def report(
+    name: str, err: float, kernel_ms: float, ref_ms: float, nbytes: float, flops: float, copy: float
+) -> None:
     gbs = nbytes / kernel_ms / 1e6
     print(
         f"{name:<34} max_err {err:.2e}  kernel {kernel_ms:8.3f} ms  reference {ref_ms:8.3f} ms"
@@ -90,8 +92,11 @@ def check_paged(s: Shapes, interpret: bool, repeats: int, copy: float) -> None:
             b = q.shape[0]
             rows = new * (s.heads // s.kv_heads)
             split = 1 if interpret else max(1, 128 // (b * s.kv_heads * -(-rows // 64)))
-            kernel = jax.jit(lambda *a, sp=split, r=rows: ragged_paged_attention(
-                *a, block_rows=16 if r <= 16 else 64, kv_splits=sp, interpret=interpret))
+            kernel = jax.jit(
+                lambda *a, sp=split, r=rows: ragged_paged_attention(
+                    *a, block_rows=16 if r <= 16 else 64, kv_splits=sp, interpret=interpret
+                )
+            )
             reference = jax.jit(paged_attention_reference)
             args = (q, k, v, table, pos)
             err = max_err(kernel(*args), reference(*args))
@@ -155,16 +160,23 @@ def check_gdn(s: Shapes, interpret: bool, repeats: int, copy: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m kernels_pallas.check")
-    parser.add_argument("--shapes", choices=("full", "small"), default=None,
-                        help="default: full on a GPU, small elsewhere")
+    parser.add_argument(
+        "--shapes",
+        choices=("full", "small"),
+        default=None,
+        help="default: full on a GPU, small elsewhere",
+    )
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
     on_gpu = jax.default_backend() == "gpu"
     shapes = FULL if (args.shapes or ("full" if on_gpu else "small")) == "full" else SMALL
     interpret = not on_gpu
     copy = copy_bandwidth_gbs(1 << 30 if on_gpu else 64 << 20)
-    print(f"device {jax.devices()[0].device_kind}  kernels {'interpret' if interpret else 'pallas'}"
-          f"  copy bandwidth {copy:.1f} GB/s", flush=True)
+    print(
+        f"device {jax.devices()[0].device_kind}  kernels {'interpret' if interpret else 'pallas'}"
+        f"  copy bandwidth {copy:.1f} GB/s",
+        flush=True,
+    )
     check_paged(shapes, interpret, args.repeats, copy)
     check_gdn(shapes, interpret, args.repeats, copy)
 

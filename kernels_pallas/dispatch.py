@@ -21,16 +21,14 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import (
-    attention_native,
-    dense_native,
-    gdn_native,
-    gdn_reference,
-    head_parallel,
-    native,
-)
-from kernels_pallas.gdn import delta_rule_kernel
-from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
+from kernels_pallas import head_parallel, native
+from kernels_pallas.gdn import native_binding as gdn_native
+from kernels_pallas.gdn import reference as gdn_reference
+from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel
+from kernels_pallas.matmul import native_binding as matmul_native
+from kernels_pallas.paged_attention import native_binding as attention_native
+from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
+from kernels_pallas.paged_attention.reference import paged_attention_reference
 
 KERNELS_ENV = "FLIPJAX_KERNELS"
 PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
@@ -108,9 +106,12 @@ def paged_attention(
     tiles = b * hkv * -(-rows // block_rows)
     splits = 1 if mode == "interpret" else max(1, min(num_blocks, _TARGET_PROGRAMS // tiles))
     kernel = functools.partial(
-        ragged_paged_attention, block_rows=block_rows, pages_per_block=pages_per_block,
-        kv_splits=splits, interpret=mode == "interpret",
-    )  # fmt: skip
+        ragged_paged_attention,
+        block_rows=block_rows,
+        pages_per_block=pages_per_block,
+        kv_splits=splits,
+        interpret=mode == "interpret",
+    )
     mesh = head_parallel.current()
     if mesh is not None:
         kernel = head_parallel.attention(kernel, mesh)
@@ -118,10 +119,10 @@ def paged_attention(
 
 
 def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., jax.Array] | None:
-    """The native kernel for one query token per row (`attention_native.decode`), per device
-    over its heads under `head_parallel.across`; None where the reference runs: prefill, other
-    page dtypes, or a mesh whose devices' query heads would span several KV heads (the
-    partitioner would gather the pages around the kernel)."""
+    """The native kernel for one query token per row (`paged_attention.native_binding.decode`),
+    per device over its heads under `head_parallel.across`; None where the reference runs:
+    prefill, other page dtypes, or a mesh whose devices' query heads would span several KV heads
+    (the partitioner would gather the pages around the kernel)."""
     if q.shape[1] != 1 or jnp.dtype(k_pages.dtype) not in attention_native.HANDLERS:
         return None
     mesh = head_parallel.current()
@@ -161,8 +162,8 @@ def pooled_delta_rule(
     num_tokens: int, key_heads: int, value_heads: int
 ) -> Callable[..., tuple[jax.Array, jax.Array]] | None:
     """The native kernel that advances pooled GDN states by one token in their slots
-    (`gdn_native.pooled_decode` without its first argument), or None where the caller gathers
-    the rows, runs `delta_rule` and writes them back.
+    (`gdn.native_binding.pooled_decode` without its first argument), or None where the caller
+    gathers the rows, runs `delta_rule` and writes them back.
 
     It runs for decode in `native` mode; under `head_parallel.across` it runs per device over
     its heads when both head counts split evenly.
@@ -178,7 +179,7 @@ def pooled_delta_rule(
 
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
     """The native kernel for `x [rows, K] @ w [K, columns]` with w of `dtype` (x in fp32;
-    `dense_native.matmul` without its first argument), or None where XLA's dot runs.
+    `matmul.native_binding.matmul` without its first argument), or None where XLA's dot runs.
 
     It runs in `native` mode for the row counts `NATIVE_MATMUL_ROWS` gives the dtype, over at
     least `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
@@ -190,4 +191,4 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
         return None
     if columns < NATIVE_MATMUL_MIN_COLUMNS:
         return None
-    return functools.partial(dense_native.matmul, dense_native.targets())
+    return functools.partial(matmul_native.matmul, matmul_native.targets())

@@ -9,7 +9,13 @@ The pure-JAX references need none of this; the partitioner splits them by itself
 
 Attention's KV heads may be fewer than the devices (they are then replicated); when each
 device's query heads share one KV head, the device slices it out, and otherwise (a rare head
-count) the call is left to the partitioner. This module imports nothing from flipjax.
+count) the call is left to the partitioner.
+
+It sits at the top of `kernels_pallas`, not in an operation's folder, because it serves them
+all: paged attention (Pallas and native), the gated delta rule (Pallas, and the native pooled
+update) and the matmul (which asks `local()` whether a program runs on one device); one mesh,
+entered once per stage step, applies to every kernel in it. This module imports nothing from
+flipjax.
 """
 
 from __future__ import annotations
@@ -74,9 +80,12 @@ def attention(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax
         else:  # a device's query heads span several KV heads: left to the partitioner
             return kernel(q, k_pages, v_pages, page_table, positions)
         return jax.shard_map(
-            local, mesh=mesh, in_specs=(heads, kv, kv, P(), P()), out_specs=heads,
+            local,
+            mesh=mesh,
+            in_specs=(heads, kv, kv, P(), P()),
+            out_specs=heads,
             check_vma=False,
-        )(q, k_pages, v_pages, page_table, positions)  # fmt: skip
+        )(q, k_pages, v_pages, page_table, positions)
 
     return run
 
@@ -89,9 +98,12 @@ def delta_rule(
     (axis,) = mesh.axis_names
     heads, gates, state = P(None, None, axis, None), P(None, None, axis), P(None, axis, None, None)
     return jax.shard_map(
-        kernel, mesh=mesh, in_specs=(heads, heads, heads, gates, gates, state, P()),
-        out_specs=(heads, state), check_vma=False,
-    )  # fmt: skip
+        kernel,
+        mesh=mesh,
+        in_specs=(heads, heads, heads, gates, gates, state, P()),
+        out_specs=(heads, state),
+        check_vma=False,
+    )
 
 
 def pooled_delta_rule(
@@ -102,6 +114,9 @@ def pooled_delta_rule(
     (axis,) = mesh.axis_names
     heads, gates, state = P(None, None, axis, None), P(None, None, axis), P(None, axis, None, None)
     return jax.shard_map(
-        kernel, mesh=mesh, in_specs=(state, P(), P(), heads, heads, heads, gates, gates, P()),
-        out_specs=(heads, state), check_vma=False,
-    )  # fmt: skip
+        kernel,
+        mesh=mesh,
+        in_specs=(state, P(), P(), heads, heads, heads, gates, gates, P()),
+        out_specs=(heads, state),
+        check_vma=False,
+    )

@@ -3,14 +3,16 @@
 XLA:CPU has no counterpart of a Pallas kernel, so where a step's XLA form makes many passes
 over memory a short C++ handler does the job in one: the GDN decode update, decode attention
 over paged K/V, and the small-batch matmul, which XLA's GEMM libraries run with a packing pass
-over the weight. Each
-source in `kernels_pallas/cpu/` is compiled with the machine's C++ compiler against the FFI
-headers jaxlib ships, for this CPU (`-march=native`, or another instruction set `ISAS` names,
-so that one machine can test the code paths of others), into a cache keyed by the source, the
-headers beside it, the flags, jaxlib's version and the CPU's features; concurrent builders
-each write a temporary file and rename it into place, so a reader never loads half a library.
-A cached library is loaded only from a folder and a file this user owns and nobody else can
-write.
+over the weight. Each source lives in its operation's folder (`SOURCES`) beside its Python
+binding; what they share, the build and load here and the parallel-for of `parallel.h` beside
+this module, stays at the top of `kernels_pallas` so that no operation's folder reaches into
+another's. A source is compiled with the machine's C++ compiler against the FFI headers jaxlib
+ships and the shared headers, for this CPU (`-march=native`, or another instruction set `ISAS`
+names, so that one machine can test the code paths of others), into a cache keyed by the
+source, the headers it may include, the flags, jaxlib's version and the CPU's features;
+concurrent builders each write a temporary file and rename it into place, so a reader never
+loads half a library. A cached library is loaded only from a folder and a file this user owns
+and nobody else can write.
 Where they cannot be built (no compiler), `available()` says so and logs why once, and
 `kernels_pallas.dispatch` runs the pure-JAX references instead. This module imports nothing
 from flipjax.
@@ -34,7 +36,15 @@ import jax
 import jaxlib
 
 CACHE_ENV = "FLIPJAX_NATIVE_CACHE"
-SOURCES = Path(__file__).parent / "cpu"
+PACKAGE = Path(__file__).parent
+# Headers every source may include (`#include "parallel.h"`); the include path is this folder.
+SHARED_HEADERS = PACKAGE
+# Each source by name, in the folder of the operation it implements.
+SOURCES = {
+    "gdn_decode": PACKAGE / "gdn" / "gdn_decode.cc",
+    "matmul": PACKAGE / "matmul" / "matmul.cc",
+    "paged_decode": PACKAGE / "paged_attention" / "paged_decode.cc",
+}
 KERNELS = ("gdn_decode", "matmul", "matmul_bf16", "paged_decode", "paged_decode_bf16")
 # handlers that share another kernel's source
 SOURCE_OF = {"matmul_bf16": "matmul", "paged_decode_bf16": "paged_decode"}
@@ -75,8 +85,8 @@ def available() -> bool:
 @functools.cache
 def target(name: str, isa: str = "native") -> str:
     """The FFI target `flipjax_<name>` (handler `Flipjax<Name>`; `flipjax_<name>_<isa>` for
-    another instruction set than the CPU's own), built from `cpu/<name>.cc` (or the source
-    `SOURCE_OF` names) and registered on first use."""
+    another instruction set than the CPU's own), built from the source `SOURCES` gives for
+    `name` (or for the name `SOURCE_OF` gives) and registered on first use."""
     library = ctypes.cdll.LoadLibrary(str(build(SOURCE_OF.get(name, name), isa)))
     symbol = "Flipjax" + "".join(part.title() for part in name.split("_"))
     ffi_name = f"flipjax_{name}" if isa == "native" else f"flipjax_{name}_{isa.replace('-', '_')}"
@@ -87,10 +97,11 @@ def target(name: str, isa: str = "native") -> str:
 
 
 def build(name: str, isa: str = "native") -> Path:
-    """Compile `cpu/<name>.cc` for the instruction set `isa` (once per source, flags, jaxlib
-    and CPU); the library's path. A library found in the cache is loaded only if it is a
-    plain file that this user owns and nobody else can write, in a folder nobody else can
-    write: a planted library would run as this process (RuntimeError otherwise)."""
+    """Compile the source `SOURCES[name]` for the instruction set `isa` (once per source,
+    headers, flags, jaxlib and CPU); the library's path. A library found in the cache is
+    loaded only if it is a plain file that this user owns and nobody else can write, in a
+    folder nobody else can write: a planted library would run as this process (RuntimeError
+    otherwise)."""
     library, flags, compiler = _library_path(name, isa)
     folder = library.parent
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -101,10 +112,8 @@ def build(name: str, isa: str = "native") -> Path:
     fd, partial = tempfile.mkstemp(dir=folder, prefix=f".{name}-", suffix=".so")
     os.close(fd)
     try:
-        command = [
-            compiler, *flags, "-isystem", jax.ffi.include_dir(), "-I", str(SOURCES),
-            str(SOURCES / f"{name}.cc"), "-o", partial,
-        ]  # fmt: skip
+        include = ["-isystem", jax.ffi.include_dir(), "-I", str(SHARED_HEADERS)]
+        command = [compiler, *flags, *include, str(SOURCES[name]), "-o", partial]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
@@ -128,11 +137,17 @@ def _library_path(name: str, isa: str) -> tuple[Path, tuple[str, ...], str]:
     if compiler is None:
         raise RuntimeError("no C++ compiler found (install g++ or set CXX)")
     key = hashlib.sha256()
-    headers = [h.read_bytes() for h in sorted(SOURCES.glob("*.h"))]  # shared by the sources
+    headers = [h.read_bytes() for h in _headers(SOURCES[name])]
     facts = (" ".join(flags), jaxlib.__version__, compiler, _cpu_features())
-    for part in ((SOURCES / f"{name}.cc").read_bytes(), *headers, *(f.encode() for f in facts)):
+    for part in (SOURCES[name].read_bytes(), *headers, *(f.encode() for f in facts)):
         key.update(part)
     return _cache_folder() / f"{name}-{key.hexdigest()[:16]}.so", flags, compiler
+
+
+def _headers(source: Path) -> list[Path]:
+    """Every header `source` may include: the shared ones and any beside it in its own folder,
+    so that a change to either builds a new library."""
+    return sorted({*SHARED_HEADERS.glob("*.h"), *source.parent.glob("*.h")})
 
 
 def _check_private(path: Path, what: str) -> None:

@@ -16,7 +16,7 @@ from flax import nnx
 from flipjax.model.config import ModelConfig
 from flipjax.model.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
 from flipjax.model.state_shapes import state_shapes
-from kernels_pallas.paged_attention import masked_attention
+from kernels_pallas.paged_attention.reference import masked_attention
 
 
 class AttentionCache(Protocol):

@@ -29,7 +29,7 @@ from flipjax.model.gated_deltanet import GDNState
 from flipjax.runtime.cache import GDNSlots, KVPages
 from flipjax.runtime.stages import ModelParts, StageParams, StageSpan, stage_forward
 from kernels_pallas import dispatch, head_parallel
-from kernels_pallas.paged_attention import write_pages
+from kernels_pallas.paged_attention.pages import write_pages
 
 
 class PagedKV(NamedTuple):

@@ -1,9 +1,10 @@
 """The gated delta rule in pure JAX: the recurrent and the chunkwise (WY/UT) form.
 
-These are the references every GDN kernel in `kernels_pallas.gdn` is checked against, and what
-the model runs when the dispatch selects the references. They carry the recurrent state
-explicitly (in and out) so that prefill, chunked prefill and decode continue one another
-exactly. This module imports nothing from flipjax.
+These are the references every GDN kernel in this folder (`pallas_kernel`, and the native
+`gdn_decode.cc` through `native_binding`) is checked against, and what the model runs when the
+dispatch selects the references. They carry the recurrent state explicitly (in and out) so that
+prefill, chunked prefill and decode continue one another exactly. This module imports nothing
+from flipjax.
 
 Padding convention: `valid[b, t]` marks real tokens and is a right-padded prefix per row. A padded
 token has beta = 0 and g = 0, so it neither decays nor writes the state. Never drop the fp32
@@ -148,5 +149,3 @@ def delta_rule_chunked(
     state, out = jax.lax.scan(body, state.astype(jnp.float32), xs)  # out: [N, B, H, C, dv]
     out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * c, dv)[:, :, :t]
     return jnp.swapaxes(out, 1, 2), state
-
-

@@ -10,42 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernels_pallas import dispatch
-from kernels_pallas import gdn_reference as gdn
-from kernels_pallas.gdn import delta_rule_kernel
-from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
+from kernels_pallas.gdn import reference as gdn
+from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel
+from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
+from kernels_pallas.paged_attention.reference import paged_attention_reference
+from tests.support.kernel_cases import paged_case
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
-
-
-def paged_case(
-    seed: int,
-    rows: list[tuple[int, int]],
-    kv_heads: int,
-    group: int,
-    page_size: int,
-    dtype: jnp.dtype,
-    head_dim: int = 16,
-) -> tuple[jax.Array, ...]:
-    """rows: (context length after this step, new tokens this step); (0, 0) is an empty row.
-
-    Each row's pages are distinct random pages of a shared pool; pool contents past a row's
-    length are random too, so anything the kernel reads without masking shows up.
-    """
-    rng = np.random.default_rng(seed)
-    t = max(1, max(new for _, new in rows))
-    width = max(1, max(-(-length // page_size) for length, _ in rows)) + 2
-    num_pages = len(rows) * width + 3
-    perm = rng.permutation(num_pages)
-    table = np.stack([perm[i * width : (i + 1) * width] for i in range(len(rows))])
-    positions = np.full((len(rows), t), -1, np.int32)
-    for i, (length, new) in enumerate(rows):
-        positions[i, :new] = np.arange(length - new, length)
-    h = kv_heads * group
-    q = rng.standard_normal((len(rows), t, h, head_dim))
-    k = rng.standard_normal((num_pages, page_size, kv_heads, head_dim))
-    v = rng.standard_normal((num_pages, page_size, kv_heads, head_dim))
-    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
-    return cast(q), cast(k), cast(v), jnp.asarray(table, jnp.int32), jnp.asarray(positions)
 
 
 def assert_attention_matches(case: tuple[jax.Array, ...], dtype: jnp.dtype, **options) -> None:
@@ -80,9 +51,7 @@ def test_ragged_paged_attention_matches_reference(rows, kv_heads, group, page_si
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 2**16),
-    contexts=st.lists(
-        st.tuples(st.integers(0, 40), st.integers(0, 9)), min_size=1, max_size=4
-    ),
+    contexts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9)), min_size=1, max_size=4),
     group=st.sampled_from([1, 2, 4]),
     page_size=st.sampled_from([4, 8, 16]),
     kv_splits=st.sampled_from([1, 2]),
@@ -149,7 +118,10 @@ def test_check_script_runs_every_kernel(capsys):
     assert lines[0].startswith("device ")
     kernels = lines[1:]
     assert [line.split()[0] for line in kernels] == [
-        "paged_attention", "paged_attention", "gdn", "gdn"
+        "paged_attention",
+        "paged_attention",
+        "gdn",
+        "gdn",
     ]
     for line in kernels:
         err = float(line.split("max_err")[1].split()[0])

@@ -5,7 +5,7 @@
 // reduces them twice, writes them out and scatters them back: about eight passes over every
 // row's state. Here each (row, head) state, 16 KB at dk = dv = 64, is read from its slot once,
 // stays in L1 for the second pass and is written back in place. The arithmetic follows
-// `delta_rule_step` in `kernels_pallas/gdn_reference.py` term for term (decay first, then the
+// `delta_rule_step` in `reference.py` beside this file term for term (decay first, then the
 // two reductions in key order), so both agree to rounding.
 //
 // Inputs: pool f32[S, H, dk, dv]; reads s32[B], the slot each row's state comes from (outside

@@ -1,4 +1,5 @@
-"""A decode step's few rows times a weight, by the native CPU kernel (`cpu/matmul.cc`).
+"""A decode step's few rows times a weight, by the native CPU kernel (`matmul.cc`, beside this
+file).
 
 XLA:CPU's GEMM libraries pack the weight before multiplying, which at 2 to 32 rows costs more
 than the multiply: the kernel instead streams the `[in, out]` weight once, in panels that stay

@@ -1,10 +1,10 @@
 """Pallas kernels for the gated delta rule: the chunkwise (WY/UT) prefill form and the one-step
 decode update.
 
-Both take the inputs `kernels_pallas.gdn_reference` prepares (key heads repeated to value
+Both take the inputs `kernels_pallas.gdn.reference` prepares (key heads repeated to value
 heads, q and k l2-normalised, q scaled, padding with g = beta = 0; all fp32, head-major) and the
 fp32 state, and return outputs and the final state; `delta_rule_kernel` takes raw layer inputs
-under the references' contract. `kernels_pallas.gdn_reference` holds the references. One
+under the references' contract. `kernels_pallas.gdn.reference` holds the references. One
 program owns one (request, value head): its [dk, dv] state stays in registers across the whole
 sequence, so it is read and written once per call. This module imports nothing from flipjax.
 """
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels_pallas.gdn_reference import prepare
+from kernels_pallas.gdn.reference import prepare
 
 CHUNK_SIZE = 64
 
@@ -105,11 +105,14 @@ def chunk_gated_delta_rule(
     b, h, t, dk = k.shape
     dv = v.shape[-1]
     if q.shape != k.shape or v.shape[:3] != (b, h, t) or g.shape != (b, h, t):
-        raise ValueError(f"gated delta rule: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}"
-                         " do not agree")
+        raise ValueError(
+            f"gated delta rule: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape} do not agree"
+        )
     if beta.shape != g.shape or state.shape != (b, h, dk, dv):
-        raise ValueError(f"gated delta rule: beta {beta.shape} or state {state.shape} "
-                         f"does not match q {q.shape} and v {v.shape}")
+        raise ValueError(
+            f"gated delta rule: beta {beta.shape} or state {state.shape} "
+            f"does not match q {q.shape} and v {v.shape}"
+        )
     pad = (-t) % chunk_size
     f32 = jnp.float32
     q, k, v = (jnp.pad(x.astype(f32), ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (q, k, v))
@@ -172,8 +175,10 @@ def gated_delta_rule_step(
     b, h, dk = k.shape
     dv = v.shape[-1]
     if q.shape != k.shape or v.shape[:2] != (b, h) or g.shape != (b, h) or beta.shape != (b, h):
-        raise ValueError(f"delta rule step: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, "
-                         f"beta {beta.shape} do not agree")
+        raise ValueError(
+            f"delta rule step: q {q.shape}, k {k.shape}, v {v.shape}, g {g.shape}, "
+            f"beta {beta.shape} do not agree"
+        )
     if state.shape != (b, h, dk, dv):
         raise ValueError(f"delta rule step: state {state.shape} is not {(b, h, dk, dv)}")
     f32 = jnp.float32
@@ -220,7 +225,12 @@ def delta_rule_kernel(
     q, k, v, g, beta = prepare(q, k, v, g, beta, valid)
     if q.shape[2] == 1:
         o, state = gated_delta_rule_step(
-            q[:, :, 0], k[:, :, 0], v[:, :, 0], g[:, :, 0], beta[:, :, 0], state,
+            q[:, :, 0],
+            k[:, :, 0],
+            v[:, :, 0],
+            g[:, :, 0],
+            beta[:, :, 0],
+            state,
             interpret=interpret,
         )
         return o[:, None], state

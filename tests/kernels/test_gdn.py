@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from flipjax.model.gated_deltanet import causal_conv
-from kernels_pallas import gdn_reference as gdn
+from kernels_pallas.gdn import reference as gdn
 
 
 def _inputs(seed: int, b: int, t: int, hk: int, hv: int, dk: int, dv: int):

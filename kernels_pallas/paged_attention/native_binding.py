@@ -1,4 +1,4 @@
-"""Decode attention over paged K/V by the native CPU kernel (`cpu/paged_decode.cc`).
+"""Decode attention over paged K/V by the native CPU kernel (`paged_decode.cc` beside this file).
 
 XLA's form of the reference walks the page table in a loop of gathers, transposes and small
 dots; the kernel reads each row's keys and values once per KV head. It computes the reference's
@@ -38,7 +38,10 @@ def decode(
     out = jax.ffi.ffi_call(
         native.target(HANDLERS[dtype]), jax.ShapeDtypeStruct((b, h, d), jnp.float32)
     )(
-        q[:, 0].astype(jnp.float32), k_pages, v_pages, page_table.astype(jnp.int32),
+        q[:, 0].astype(jnp.float32),
+        k_pages,
+        v_pages,
+        page_table.astype(jnp.int32),
         positions[:, 0].astype(jnp.int32),
-    )  # fmt: skip
+    )
     return out[:, None].astype(q.dtype)

@@ -3,7 +3,7 @@ the engine's decode steps on every layout without gathering a sharded pool (the 
 every layout, the matmul where a stage has one device; its own checks are in
 `test_native_matmul.py`).
 
-The oracle is `gdn_reference`'s recurrence over rows gathered from the pool (the form the
+The oracle is `gdn.reference`'s recurrence over rows gathered from the pool (the form the
 engine ran before the kernel) and, end to end, the engine's tokens with the kernel switched off.
 """
 
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from flipjax import Engine
-from kernels_pallas import dispatch, gdn_native, gdn_reference, native
-from tests.test_sharded_kernels import _gathers_of_pools
+from kernels_pallas import dispatch, native
+from kernels_pallas.gdn import native_binding as gdn_native
+from kernels_pallas.gdn import reference as gdn_reference
+from tests.support.pool_gathers import gathers_of_pools
 
 OPTIONS = dict(num_pages=64, max_running_requests=3, max_prefill_tokens=32)
 PROMPTS = [[(i * 7 + 3) % 256 for i in range(n)] for n in (5, 23, 40)]
@@ -122,5 +124,5 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     _, _, in_place = engine.runner.binding._stage_programs(0, (4, 1))
     assert in_place  # the step updated the GDN pools itself
     if layout == "tp:2":
-        assert _gathers_of_pools(engine, (4, 1)) == []
+        assert gathers_of_pools(engine, (4, 1)) == []
     engine.check()

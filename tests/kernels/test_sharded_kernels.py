@@ -9,7 +9,6 @@ compiled step gathers a head-sharded pool.
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +19,10 @@ from jax.sharding import PartitionSpec as P
 
 from flipjax import Engine
 from kernels_pallas import dispatch, head_parallel
-from kernels_pallas.paged_attention import paged_attention_reference, ragged_paged_attention
-from tests.test_kernels import paged_case
+from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
+from kernels_pallas.paged_attention.reference import paged_attention_reference
+from tests.support.kernel_cases import paged_case
+from tests.support.pool_gathers import gathers_of_pools
 
 OPTIONS = dict(num_pages=64, max_running_requests=2, max_prefill_tokens=32)
 PROMPTS = [[(i * 11 + 5) % 256 for i in range(n)] for n in (3, 40)]
@@ -56,26 +57,10 @@ def test_every_layout_with_kernels_gives_the_reference_tokens(engines, reference
     engine.check()
 
 
-def _gathers_of_pools(engine: Engine, shape: tuple[int, int]) -> list[str]:
-    """The all-gathers in the compiled step of `shape` whose result is a whole pool, or the
-    whole (all heads) GDN states of the step's rows."""
-    state = engine.runner.state
-    pools = {tuple(x.shape) for x in jax.tree.leaves(state)}
-    pools |= {(shape[0], *g.recurrent.shape[1:]) for g in state.gdn}
-    step, _ = engine.runner.binding.programs(0, shape)
-    text = step.as_text()
-    found = []
-    for line in text.splitlines():
-        m = re.search(r"= \w+\[([\d,]+)\]\S* all-gather", line)
-        if m and tuple(int(d) for d in m.group(1).split(",")) in pools:
-            found.append(line.strip()[:160])
-    return found
-
-
 def test_a_tp_step_never_gathers_a_sharded_pool(engines):
     engine = engines("tp:2")
     for shape in ((2, 1), (1, 16)):  # a decode step (paged attention, GDN step), a prefill chunk
-        assert _gathers_of_pools(engine, shape) == [], shape
+        assert gathers_of_pools(engine, shape) == [], shape
 
 
 @pytest.mark.parametrize("devices", [2, 4])  # 2: KV heads split; 4: replicated, sliced per device
@@ -86,8 +71,9 @@ def test_head_parallel_attention_is_the_reference_on_every_device_count(devices)
     kv = heads if devices == 2 else NamedSharding(mesh, P())
     kernel = functools.partial(ragged_paged_attention, interpret=True)
     run = jax.jit(head_parallel.attention(kernel, mesh))
-    got = run(jax.device_put(q, heads), jax.device_put(k, kv), jax.device_put(v, kv), table,
-              positions)  # fmt: skip
+    got = run(
+        jax.device_put(q, heads), jax.device_put(k, kv), jax.device_put(v, kv), table, positions
+    )
     want = paged_attention_reference(q, k, v, table, positions)
     valid = np.asarray(positions >= 0)
     np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid], atol=1e-5)

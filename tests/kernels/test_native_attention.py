@@ -1,5 +1,6 @@
-"""The native decode attention kernel (`kernels_pallas/cpu/paged_decode.cc`) against the pure-JAX
-paged attention, which the Pallas kernels and transformers are checked against elsewhere.
+"""The native decode attention kernel (`kernels_pallas/paged_attention/paged_decode.cc`) against
+the pure-JAX paged attention, which the Pallas kernels and transformers are checked against
+elsewhere.
 
 Its engine use (every layout decodes to the reference tokens with it) is in
 `test_native_kernels`.
@@ -14,8 +15,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kernels_pallas import attention_native, dispatch, head_parallel
-from kernels_pallas.paged_attention import paged_attention_reference
+from kernels_pallas import dispatch, head_parallel
+from kernels_pallas.paged_attention import native_binding as attention_native
+from kernels_pallas.paged_attention.reference import paged_attention_reference
 
 PAGES, PAGE = 64, 16
 # A first page, a page's last slot, the next page's first, deep in the table, and padding.

@@ -19,11 +19,12 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from flipjax.model.layers import Linear
-from kernels_pallas import dense_native, dispatch, head_parallel, native
+from kernels_pallas import dispatch, head_parallel, native
+from kernels_pallas.matmul import native_binding as matmul_native
 
 
 def _run(x: np.ndarray, w: np.ndarray | jax.Array, isa: str = "native") -> np.ndarray:
-    matmul = functools.partial(dense_native.matmul, dense_native.targets(isa))
+    matmul = functools.partial(matmul_native.matmul, matmul_native.targets(isa))
     return np.asarray(jax.jit(matmul)(x, w))
 
 
@@ -86,14 +87,14 @@ def test_every_build_with_fma_gives_the_same_bits():
 
 
 def test_bad_operands_are_refused_by_name():
-    targets = dense_native.targets()
+    targets = matmul_native.targets()
     x, w = _operands(2, 8, 16)
     with pytest.raises(ValueError, match="x must be float32 .* got bfloat16 and float32"):
-        dense_native.matmul(targets, jnp.asarray(x, jnp.bfloat16), w)
+        matmul_native.matmul(targets, jnp.asarray(x, jnp.bfloat16), w)
     with pytest.raises(ValueError, match="w one of .* got float32 and float16"):
-        dense_native.matmul(targets, x, w.astype(np.float16))
+        matmul_native.matmul(targets, x, w.astype(np.float16))
     with pytest.raises(ValueError, match=r"need x \[M, K\] and w \[K, N\], got \(2, 8\) and"):
-        dense_native.matmul(targets, x, w[:4])
+        matmul_native.matmul(targets, x, w[:4])
 
 
 def test_it_is_offered_for_fp32_decode_rows_on_one_device_only():
@@ -102,7 +103,7 @@ def test_it_is_offered_for_fp32_decode_rows_on_one_device_only():
     f32 = jnp.float32
     assert dispatch.matmul(8, 768, f32) is None  # outside a placed program: unknown devices
     with dispatch.kernels("native"), head_parallel.across(one):
-        assert dispatch.matmul(8, 768, f32).func is dense_native.matmul
+        assert dispatch.matmul(8, 768, f32).func is matmul_native.matmul
         assert dispatch.matmul(2, 128, f32) is not None and dispatch.matmul(32, 128, f32)
         assert dispatch.matmul(1, 768, f32) is None  # XLA's matvec streams at full speed
         assert dispatch.matmul(33, 768, f32) is None  # the GEMM's packing pays from here

@@ -1,9 +1,9 @@
 """One decode token of the gated delta rule over pooled states, by the native CPU kernel.
 
-`cpu/gdn_decode.cc` reads each row's state straight from its slot and writes the new one back in
-place; XLA's form of the same step gathers, decays, reduces and scatters in about eight passes
-over memory.
-The inputs are prepared here exactly as `gdn_reference` prepares them, so the kernel computes
+`gdn_decode.cc` (beside this file) reads each row's state straight from its slot and writes
+the new one back in place; XLA's form of the same step gathers, decays, reduces and scatters in
+about eight passes over memory.
+The inputs are prepared here exactly as `reference` prepares them, so the kernel computes
 `delta_rule_step`'s arithmetic on the same values. This module imports nothing from flipjax.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas.gdn_reference import prepare
+from kernels_pallas.gdn.reference import prepare
 
 
 def pooled_decode(

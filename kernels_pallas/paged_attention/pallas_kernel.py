@@ -1,11 +1,7 @@
-"""Paged attention: the pure-JAX reference the engine reads KV pages through.
-
-Layout (one full-attention layer): `k_pages, v_pages: [pages, page_size, kv_heads, head_dim]`.
-A request's tokens live in the pages its page table lists, token at position p in page
-`page_table[p // page_size]` at offset `p % page_size`. Batches are rows of query tokens with
-their positions; position -1 marks padding. A row may be a decode step (1 real token) or a
-prefill chunk continuing earlier pages; the causal mask is by position, so both are the same
-call. This module imports nothing from flipjax.
+"""The Pallas kernel of paged attention: ragged rows of decode tokens and prefill chunks in one
+call, each kv head's pages read once for its whole group of query heads, with optional split-K
+for long contexts. `reference.paged_attention_reference` is its contract. This module imports
+nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -17,96 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-_MASKED = -1e30  # finite so an all-masked (padding) row gives a uniform softmax, not NaN
-
-
-def masked_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, q_pos: jax.Array, k_pos: jax.Array
-) -> jax.Array:
-    """Causal GQA attention by position.
-
-    q: [B, T, H, D]; k, v: [B, S, Hkv, D]; q_pos: [B, T]; k_pos: [B, S] (-1 = empty).
-    Returns [B, T, H, D] in q's dtype; softmax in fp32.
-    """
-    b, t, h, d = q.shape
-    hkv = k.shape[2]
-    qg = q.reshape(b, t, hkv, h // hkv, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k).astype(jnp.float32) * (d**-0.5)
-    mask = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] >= 0)  # [B, T, S]
-    scores = jnp.where(mask[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, d)
-
-
-def write_pages(
-    k_pages: jax.Array,
-    v_pages: jax.Array,
-    k: jax.Array,
-    v: jax.Array,
-    page_table: jax.Array,
-    positions: jax.Array,
-) -> tuple[jax.Array, jax.Array]:
-    """Scatter new K/V ([B, T, Hkv, D]) into their pages; padding tokens are dropped."""
-    num_pages, page_size = k_pages.shape[:2]
-    safe_pos = jnp.maximum(positions, 0)
-    page = jnp.take_along_axis(page_table, safe_pos // page_size, axis=1)
-    page = jnp.where(positions >= 0, page, num_pages)  # out of bounds -> dropped
-    offset = safe_pos % page_size
-    k_pages = k_pages.at[page, offset].set(k.astype(k_pages.dtype), mode="drop")
-    v_pages = v_pages.at[page, offset].set(v.astype(v_pages.dtype), mode="drop")
-    return k_pages, v_pages
-
-
-def paged_attention_reference(
-    q: jax.Array,
-    k_pages: jax.Array,
-    v_pages: jax.Array,
-    page_table: jax.Array,
-    positions: jax.Array,
-    pages_per_block: int = 8,
-) -> jax.Array:
-    """q: [B, T, H, D]; page_table: [B, max_pages]; positions: [B, T]. Returns [B, T, H, D].
-
-    Attends each query to every cached position <= its own. The table is walked in blocks of
-    `pages_per_block` pages with an online softmax, for as many blocks as the deepest query
-    needs (a traced trip count): the table can be as wide as the longest request allowed while
-    a step costs what the batch's actual lengths cost, and the width never forces a recompile.
-    Table entries past a row's pages may hold anything; they are masked by position.
-    """
-    b, t, h, d = q.shape
-    num_pages, page_size, hkv, _ = k_pages.shape
-    g = h // hkv
-    block = pages_per_block * page_size
-    width = -(-page_table.shape[1] // pages_per_block) * pages_per_block
-    page_table = jnp.pad(page_table, ((0, 0), (0, width - page_table.shape[1])))
-    qg = q.reshape(b, t, hkv, g, d).astype(jnp.float32) * (d**-0.5)
-    num_blocks = (jnp.max(positions) + block) // block  # 0 when the whole batch is padding
-
-    def body(i: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        m, denom, acc = carry
-        pages = jax.lax.dynamic_slice_in_dim(page_table, i * pages_per_block, pages_per_block, 1)
-        k = k_pages[pages].reshape(b, block, hkv, d).astype(jnp.float32)
-        v = v_pages[pages].reshape(b, block, hkv, d).astype(jnp.float32)
-        k_pos = i * block + jnp.arange(block)
-        s = jnp.einsum("btkgd,bskd->bkgts", qg, k)
-        mask = k_pos[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        s = jnp.where(mask[:, None, None], s, _MASKED)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        p = jnp.exp(s - m_new[..., None])
-        scale = jnp.exp(m - m_new)
-        denom = denom * scale + jnp.sum(p, axis=-1)
-        acc = acc * scale[..., None] + jnp.einsum("bkgts,bskd->bkgtd", p, v)
-        return m_new, denom, acc
-
-    init = (
-        jnp.full((b, hkv, g, t), _MASKED, jnp.float32),
-        jnp.zeros((b, hkv, g, t), jnp.float32),
-        jnp.zeros((b, hkv, g, t, d), jnp.float32),
-    )
-    _, denom, acc = jax.lax.fori_loop(0, num_blocks, body, init)
-    out = acc / jnp.maximum(denom, 1e-30)[..., None]  # all-padding rows have denom == 0
-    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q.dtype)
+from kernels_pallas.paged_attention.reference import MASKED
 
 
 def _ragged_kernel(
@@ -138,12 +45,13 @@ def _ragged_kernel(
         pages = page_table_ref[pl.ds(i * pages_per_block, pages_per_block)]
         k = k_pages_ref[pages].reshape(block_k, head_dim)
         v = v_pages_ref[pages].reshape(block_k, head_dim)
-        s = jax.lax.dot_general(
-            q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-        ) * scale
+        s = (
+            jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+            * scale
+        )
         k_pos = i * block_k + jax.lax.broadcasted_iota(jnp.int32, (1, block_k), 1)
         mask = k_pos <= pos[:, None]
-        s = jnp.where(mask, s, _MASKED)
+        s = jnp.where(mask, s, MASKED)
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
         # Masked keys contribute exactly 0, so an all-padding row ends with denom == 0.
         p = jnp.where(mask, jnp.exp(s - m_new[:, None]), 0.0)
@@ -155,7 +63,7 @@ def _ragged_kernel(
     rows = q.shape[0]
     init = (
         jnp.zeros((rows, head_dim), jnp.float32),
-        jnp.full((rows,), _MASKED, jnp.float32),
+        jnp.full((rows,), MASKED, jnp.float32),
         jnp.zeros((rows,), jnp.float32),
     )
     acc, m, denom = jax.lax.fori_loop(start, stop, body, init)
@@ -189,13 +97,17 @@ def ragged_paged_attention(
     b, t, h, d = q.shape
     num_pages, page_size, hkv, d_k = k_pages.shape
     if d_k != d or v_pages.shape != k_pages.shape:
-        raise ValueError(f"paged attention: q head_dim {d}, k pages {k_pages.shape}, "
-                         f"v pages {v_pages.shape} do not agree")
+        raise ValueError(
+            f"paged attention: q head_dim {d}, k pages {k_pages.shape}, "
+            f"v pages {v_pages.shape} do not agree"
+        )
     if h % hkv:
         raise ValueError(f"paged attention: {h} query heads do not group over {hkv} kv heads")
     if positions.shape != (b, t) or page_table.shape[0] != b:
-        raise ValueError(f"paged attention: positions {positions.shape} and page table "
-                         f"{page_table.shape} do not match q {q.shape}")
+        raise ValueError(
+            f"paged attention: positions {positions.shape} and page table "
+            f"{page_table.shape} do not match q {q.shape}"
+        )
     if block_rows < 1 or pages_per_block < 1 or kv_splits < 1:
         raise ValueError("paged attention: block_rows, pages_per_block and kv_splits must be >= 1")
     g = h // hkv
@@ -215,9 +127,7 @@ def ragged_paged_attention(
     sq = pl.squeezed
     grid = (b, hkv, rows_padded // block_rows, kv_splits)
     row_tile = pl.BlockSpec((sq, sq, block_rows, d), lambda bi, hi, ri, si: (bi, hi, ri, 0))
-    pages_spec = pl.BlockSpec(
-        (num_pages, page_size, sq, d), lambda bi, hi, ri, si: (0, 0, hi, 0)
-    )
+    pages_spec = pl.BlockSpec((num_pages, page_size, sq, d), lambda bi, hi, ri, si: (0, 0, hi, 0))
     stat_spec = pl.BlockSpec((sq, sq, sq, block_rows), lambda bi, hi, ri, si: (si, bi, hi, ri))
     kernel = functools.partial(
         _ragged_kernel,
@@ -237,9 +147,7 @@ def ragged_paged_attention(
             pl.BlockSpec((sq, width), lambda bi, hi, ri, si: (bi, 0)),
         ],
         out_specs=[
-            pl.BlockSpec(
-                (sq, sq, sq, block_rows, d), lambda bi, hi, ri, si: (si, bi, hi, ri, 0)
-            ),
+            pl.BlockSpec((sq, sq, sq, block_rows, d), lambda bi, hi, ri, si: (si, bi, hi, ri, 0)),
             stat_spec,
             stat_spec,
         ],
