@@ -18,6 +18,7 @@ from flipjax import Engine
 from kernels_pallas import dispatch, native
 from kernels_pallas.gdn import native_binding as gdn_native
 from kernels_pallas.gdn import reference as gdn_reference
+from tests.support.internals import parts
 from tests.support.pool_gathers import gathers_of_pools
 
 OPTIONS = dict(num_pages=64, max_running_requests=3, max_prefill_tokens=32)
@@ -103,14 +104,14 @@ def xla_tokens() -> list[list[int]]:
 
 
 def _decode_program(engine: Engine, rows: int = 4) -> str:
-    step, _ = engine.runner.binding.programs(0, (rows, 1))
+    step, _ = parts(engine).runner.binding.programs(0, (rows, 1))
     return step.as_text()
 
 
 @pytest.mark.parametrize("layout", ["single", "tp:2", "pp:4,4@2,2"])
 def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layout):
     engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
-    assert engine.runner.kernels == "native"
+    assert parts(engine).runner.kernels == "native"
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
     assert "flipjax_gdn_decode" in _decode_program(engine)
     assert "flipjax_paged_decode" in _decode_program(engine)  # per device over its heads
@@ -118,10 +119,10 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert ("flipjax_matmul" in _decode_program(engine)) == (layout == "single")
     if layout == "single":
         assert "flipjax_matmul" not in _decode_program(engine, rows=1)  # XLA's matvec
-        prefill, _ = engine.runner.binding.programs(0, (1, 64))  # 64 rows: XLA's GEMM
+        prefill, _ = parts(engine).runner.binding.programs(0, (1, 64))  # 64 rows: XLA's GEMM
         assert "flipjax_matmul" not in prefill.as_text()
         assert "flipjax_paged_decode" not in prefill.as_text()
-    _, _, in_place = engine.runner.binding._stage_programs(0, (4, 1))
+    _, _, in_place = parts(engine).runner.binding._stage_programs(0, (4, 1))
     assert in_place  # the step updated the GDN pools itself
     if layout == "tp:2":
         assert gathers_of_pools(engine, (4, 1)) == []

@@ -8,15 +8,16 @@ import re
 import jax
 
 from flipjax import Engine
+from tests.support.internals import parts
 
 
 def gathers_of_pools(engine: Engine, shape: tuple[int, int]) -> list[str]:
     """The all-gathers in the compiled step of `shape` whose result is a whole pool, or the
     whole (all heads) GDN states of the step's rows."""
-    state = engine.runner.state
+    state = parts(engine).runner.state
     pools = {tuple(x.shape) for x in jax.tree.leaves(state)}
     pools |= {(shape[0], *g.recurrent.shape[1:]) for g in state.gdn}
-    step, _ = engine.runner.binding.programs(0, shape)
+    step, _ = parts(engine).runner.binding.programs(0, shape)
     text = step.as_text()
     found = []
     for line in text.splitlines():
