@@ -68,23 +68,29 @@ def parse(argv: list[str] | None, prog: str, description: str | None) -> Flipjax
 
 
 def _add(group: argparse._ArgumentGroup, f: Field[Any], hint: Any) -> None:
-    meta = f.metadata
+    meta, flag = f.metadata, flag_of(f)
     kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
-    if meta.get("metavar"):
-        kwargs["metavar"] = meta["metavar"]
     base, _ = _unwrap(hint)
     if base is bool:
-        kwargs["action"] = "store_true"
-        group.add_argument(flag_of(f), **kwargs)
+        group.add_argument(flag, action="store_true", **kwargs)
         return
+    # Named after the flag, not the field: a flag in another unit says so.
+    if not meta.get("choices"):  # argparse lists the choices instead
+        kwargs["metavar"] = meta.get("metavar") or flag.removeprefix("--").replace("-", "_").upper()
     default = f.default
     if meta.get("env"):
         default = os.environ.get(meta["env"], default)
     if meta.get("unit") and default is not None:
         default = default / meta["unit"]
+    if f.default is not None and f.default != () and "default" not in kwargs["help"]:
+        shown = f.default / meta["unit"] if meta.get("unit") else f.default
+        kwargs["help"] += (
+            f" (default: {shown:g})" if isinstance(shown, float) else (f" (default: {shown})")
+        )
     if typing.get_origin(base) is tuple:
-        kwargs["nargs"] = "+" if f.default is None else None
-        if f.default is not None:  # a tuple with a default: the flag repeats
+        if f.default is None:  # a list given once
+            kwargs["nargs"] = "+"
+        else:  # a tuple with a default: the flag repeats
             kwargs["action"] = "append"
             default = None
         base = str
@@ -93,7 +99,7 @@ def _add(group: argparse._ArgumentGroup, f: Field[Any], hint: Any) -> None:
     kwargs.update(type=base, default=default)
     if meta.get("choices"):
         kwargs["choices"] = meta["choices"]
-    group.add_argument(flag_of(f), **kwargs)
+    group.add_argument(flag, **kwargs)
 
 
 def _to_field(f: Field[Any], hint: Any, value: Any) -> Any:
