@@ -148,7 +148,7 @@ class Metrics:
             self._advance(self.prefix_hit_tokens.labels(tier), tokens)
         self._advance(self.prefix_misses, prefix.get("misses", 0))
         for step in RELIEF_STEPS:
-            self._advance(self.relief.labels(step), stats.relief.get(step, 0))
+            self._advance(self.relief.labels(step), stats.scheduling.get(step, 0))
         for tier, counters in stats.store.items():
             for event, total in counters.items():
                 if event == "available":

@@ -10,6 +10,7 @@ from flipjax.engine.engine import StepStats
 from flipjax.engine.pilot import Autopilot
 from sharding.policy import FlipCosts, PolicyConfig
 from tests.pool_checks import assert_pools_returned
+from tests.support.internals import parts
 
 CONFIG = PolicyConfig(prefill_layout="single", decode_layout="tp:2", dwell_s=0, margin=1.0)
 PROMPTS = [[(i * 5 + k) % 256 for i in range(12 + 7 * k)] for k in range(4)]
@@ -51,14 +52,14 @@ def test_flips_follow_the_load_and_change_no_token():
         for out in engine.step():
             done[out.request_id] = out.token_ids
         pilot.tick(engine)
-        layouts.append(engine.layout)
+        layouts.append(engine.stats().layout)
     assert "tp:2" in layouts, "decode-heavy load never moved to the decode layout"
     assert [done[i] for i in ids] == [o.token_ids for o in straight]
     assert pilot.counters["flips"] >= 1 and "single->tp:2" in pilot.costs.measured
     # A queue of long prompts in TP is prefill-heavy: back to the prefill layout.
     for k in range(4):
         engine.add_request([k] * 200, max_new_tokens=1)
-    assert pilot.tick(engine) is not None and engine.layout == "single"
+    assert pilot.tick(engine) is not None and engine.stats().layout == "single"
     while engine.has_unfinished():
         engine.step()
     assert_pools_returned(engine)
@@ -70,6 +71,6 @@ def test_calibration_measures_both_layouts_and_leaves_nothing_behind():
     pilot.calibrate(engine, prompt_tokens=64, rows=4)
     assert set(pilot.throughput()) == {"single", "tp:2"}
     assert all(t.prefill_tps > 0 and t.decode_tps > 0 for t in pilot.throughput().values())
-    assert engine.layout == "single" and not engine.has_unfinished()
-    assert engine.prefix_cache.num_pages == 0
+    assert engine.stats().layout == "single" and not engine.has_unfinished()
+    assert parts(engine).prefix_cache.num_pages == 0
     assert_pools_returned(engine)

@@ -17,6 +17,7 @@ from flipjax.model.config import ModelConfig
 from flipjax.runtime.model_runner import Row
 from sharding.layout import placement_for
 from tests.hf_oracle import make_checkpoint
+from tests.support.internals import parts
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
 
@@ -32,14 +33,16 @@ def folders(tmp_path_factory):
 
 def prefill_logits(engine: Engine) -> np.ndarray:
     """Last-token logits of PROMPT through the engine's own placement (any layout)."""
-    pages = engine.pages.allocate(1, "t")
-    slot = engine.slots.allocate("t")
+    inside = parts(engine)
+    pool, slots = inside.allocator.pages, inside.allocator.slots
+    pages = pool.allocate(1, "t")
+    slot = slots.allocate("t")
     try:
-        logits = engine.runner.run([Row(PROMPT, 0, pages, slot)], decode=False)
+        logits = inside.runner.run([Row(PROMPT, 0, pages, slot)], decode=False)
         return np.asarray(logits[0])
     finally:
-        engine.pages.release(pages, "t")
-        engine.slots.release(slot, "t")
+        pool.release(pages, "t")
+        slots.release(slot, "t")
 
 
 def test_restore_into_layouts_matches_hf(folders):

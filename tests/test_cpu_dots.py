@@ -4,12 +4,13 @@ YNNPACK (see `flipjax.runtime.cpu_dots`); the choice shows in the compiled progr
 from __future__ import annotations
 
 from flipjax import Engine
+from tests.support.internals import parts
 
 _YNN = '"kind":"__ynn_fusion"'
 
 
 def _step_text(engine: Engine, shape: tuple[int, int]) -> str:
-    step, _ = engine.runner.binding.programs(0, shape)
+    step, _ = parts(engine).runner.binding.programs(0, shape)
     return step.as_text()
 
 
@@ -22,5 +23,5 @@ def test_fp32_steps_of_8_to_16_rows_use_eigen_dots_and_the_rest_ynnpack():
 
 
 def test_bf16_steps_keep_ynnpack_dots():
-    engine = Engine.from_pretrained("tiny", "bfloat16", max_running_requests=8)
+    engine = Engine.from_pretrained("tiny", dtype="bfloat16", max_running_requests=8)
     assert _YNN in _step_text(engine, (8, 1)), "a bf16 8-row step lost YNNPACK dots"

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from flipjax import Engine, Output
+from tests.support.internals import prompt_logits
 
 
 @pytest.fixture(scope="module")
@@ -16,12 +17,12 @@ def tiny():
 
 def test_tiny_is_deterministic(tiny):
     again = Engine.from_pretrained("tiny")
-    np.testing.assert_array_equal(again.prompt_logits([1, 2, 3]), tiny.prompt_logits([1, 2, 3]))
+    np.testing.assert_array_equal(prompt_logits(again, [1, 2, 3]), prompt_logits(tiny, [1, 2, 3]))
 
 
 def test_prompt_logits_shape(tiny):
-    logits = tiny.prompt_logits([10, 20, 30, 40])
-    chex.assert_shape(logits, (4, tiny.config.vocab_size))
+    logits = prompt_logits(tiny, [10, 20, 30, 40])
+    chex.assert_shape(logits, (4, tiny.info.model.vocab_size))
     assert np.isfinite(logits).all()
 
 
@@ -38,14 +39,14 @@ def test_generation_continues_the_prompt_logits(tiny):
     prompt = [72, 101, 108, 108, 111]
     out = tiny.generate([prompt], max_new_tokens=3)[0]
     assert out.prompt_token_ids == prompt
-    assert out.token_ids[0] == int(np.argmax(tiny.prompt_logits(prompt)[-1]))
+    assert out.token_ids[0] == int(np.argmax(prompt_logits(tiny, prompt)[-1]))
     # and the second is the argmax after appending the first
-    assert out.token_ids[1] == int(np.argmax(tiny.prompt_logits(prompt + out.token_ids[:1])[-1]))
+    assert out.token_ids[1] == int(np.argmax(prompt_logits(tiny, prompt + out.token_ids[:1])[-1]))
 
 
 def test_text_is_decoded(tiny):
     out = tiny.generate(["abc"], max_new_tokens=4)[0]
-    assert out.text == tiny.tokenizer.decode(out.token_ids)
+    assert out.text == tiny.info.tokenizer.decode(out.token_ids)
     assert out.prompt_token_ids == list(b"abc")
 
 
@@ -67,7 +68,7 @@ def test_bad_lengths_are_refused(tiny):
     with pytest.raises(ValueError, match="max_new_tokens"):
         tiny.generate(["x"], max_new_tokens=0)
     with pytest.raises(ValueError, match="exceed the context"):
-        tiny.generate(["x"], max_new_tokens=tiny.config.max_position_embeddings)
+        tiny.generate(["x"], max_new_tokens=tiny.info.model.max_position_embeddings)
 
 
 def test_unknown_model_and_dtype_are_refused():

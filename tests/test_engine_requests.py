@@ -15,6 +15,7 @@ import pytest
 from flipjax import Engine, SamplingParams
 from flipjax.runtime.grammar import GrammarCompiler
 from tests.pool_checks import assert_pools_returned
+from tests.support.internals import prompt_logits
 
 PS = 16
 
@@ -42,7 +43,7 @@ def test_choices_fork_from_one_prefill(engine, length):
     ids = prompt(length)
     params = SamplingParams(temperature=0.9, seed=11, max_tokens=7)
     rid = engine.add_request(ids, params, n=4)
-    choices = engine.requests.choices(rid)
+    choices = engine.progress(rid).choices
     done = run(engine, rid)
     assert done["prefilled"] == length, "the prompt is computed once for all four choices"
     alone = [engine.generate([ids], sampling=params.replace(seed=11 + i))[0] for i in range(4)]
@@ -58,7 +59,7 @@ def test_an_aborted_parent_leaves_its_choices_to_compute_alone(engine):
     ids = prompt(40)
     params = SamplingParams(temperature=0.9, seed=3, max_tokens=4)
     rid = engine.add_request(ids, params, n=3)
-    choices = engine.requests.choices(rid)
+    choices = engine.progress(rid).choices
     engine.abort(rid)  # before its prompt ran: the other two queue on their own
     outs = run(engine, rid)["outs"]
     alone = [engine.generate([ids], sampling=params.replace(seed=3 + i))[0] for i in (1, 2)]
@@ -74,7 +75,7 @@ def test_too_many_choices_are_refused(engine):
 
 
 def reference_logprobs(engine: Engine, ids: list[int]) -> np.ndarray:
-    logits = engine.prompt_logits(ids)
+    logits = prompt_logits(engine, ids)
     shifted = logits - logits.max(-1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
@@ -110,14 +111,14 @@ def test_logit_bias_and_min_tokens_hold_the_stop_token_back(engine):
 
 @pytest.fixture(scope="module")
 def grammars(engine):
-    return GrammarCompiler(engine.tokenizer, engine.config.vocab_size)
+    return GrammarCompiler(engine.info.tokenizer, engine.info.model.vocab_size)
 
 
 def test_every_choice_follows_its_grammar(engine, grammars):
     compiled = grammars.compile("choice", ["yes", "no", "maybe"])
     params = SamplingParams(temperature=1.0, seed=0, max_tokens=12)
     rid = engine.add_request("answer: ", params, n=4, grammar=grammars.constraint(compiled))
-    choices = engine.requests.choices(rid)
+    choices = engine.progress(rid).choices
     outs = run(engine, rid)["outs"]
     assert all(outs[c].text in ("yes", "no", "maybe") for c in choices)
     assert all(outs[c].finish_reason == "stop" for c in choices)
@@ -140,8 +141,12 @@ def test_a_json_schema_holds_for_every_seed(engine, grammars):
 def test_bounded_strings_stay_strict_json(engine, grammars):
     """xgrammar's length-bounded JSON strings admit raw control characters unless patched;
     strict parsers (json.loads) refuse those."""
-    schema = {"type": "object", "required": ["s"], "additionalProperties": False,
-              "properties": {"s": {"type": "string", "minLength": 4, "maxLength": 12}}}
+    schema = {
+        "type": "object",
+        "required": ["s"],
+        "additionalProperties": False,
+        "properties": {"s": {"type": "string", "minLength": 4, "maxLength": 12}},
+    }
     compiled = grammars.compile("json", schema)
     for seed in range(4):
         params = SamplingParams(temperature=1.0, seed=seed, max_tokens=200)
@@ -154,11 +159,11 @@ def test_grammar_rows_compile_nothing_after_warmup(grammars):
     engine = Engine.from_pretrained("tiny", max_running_requests=2, max_prefill_tokens=32)
     engine.warmup()
     compiled = grammars.compile("regex", "[a-z]{6}")
-    count = engine.compile_count
+    count = engine.stats().compiles
     for params in (SamplingParams.greedy(8), SamplingParams(top_p=0.9, seed=1, max_tokens=8)):
         rid = engine.add_request("x", params, grammar=grammars.constraint(compiled))
         assert len(run(engine, rid)["outs"][rid].text) == 6
-    assert engine.compile_count == count
+    assert engine.stats().compiles == count
 
 
 def test_a_bad_grammar_is_refused_by_name(grammars):

@@ -13,8 +13,9 @@ from sharding.flip import FlipError
 from sharding.governor import Governor
 from sharding.policy import FlipCosts, FlipTo, PolicyConfig, Snapshot, Stay, Throughput, decide
 
-CONFIG = PolicyConfig(prefill_layout="pp:4,4", decode_layout="tp", dwell_s=30, margin=2.0,
-                      horizon_tokens=64)
+CONFIG = PolicyConfig(
+    prefill_layout="pp:4,4", decode_layout="tp", dwell_s=30, margin=2.0, horizon_tokens=64
+)
 # PP prefills twice as fast; TP decodes three times as fast.
 MEASURED = {"pp:4,4": Throughput(20_000, 1_000), "tp": Throughput(10_000, 3_000)}
 
@@ -123,7 +124,7 @@ def test_a_live_pilot_sees_manual_flips_and_backs_off(monkeypatch):
     engine.flip("tp:2")  # manual, as POST /phase_flip does
     for k in range(4):
         engine.add_request([k] * 200, max_new_tokens=1)  # prefill-heavy: would pull to single
-    assert pilot.tick(engine) is None and engine.layout == "tp:2", "inside the manual dwell"
+    assert pilot.tick(engine) is None and engine.stats().layout == "tp:2", "inside the manual dwell"
     assert pilot.governor.last == Stay("dwell") and "single->tp:2" in pilot.costs.measured
     pilot.governor.last_flip_s = -1e9  # the dwell is over
     calls = []

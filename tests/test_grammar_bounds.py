@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from flipjax.config.tree import ServeConfig
 from flipjax.model.tokenizer import ByteTokenizer
 from flipjax.runtime.grammar import (
     MAX_SPEC_BYTES,
@@ -22,14 +23,7 @@ from flipjax.runtime.grammar import (
 )
 from serve.errors import APIError
 from serve.structured import compile_spec
-
-
-def nested_array_schema(depth: int) -> dict:
-    """An array of arrays, `depth` objects deep: the shape whose compile time grows fastest."""
-    schema: dict = {"type": "integer"}
-    for _ in range(depth - 1):
-        schema = {"type": "array", "items": schema}
-    return schema
+from tests.support.schemas import nested_array_schema
 
 
 def compiler(**kw) -> GrammarCompiler:
@@ -87,8 +81,8 @@ def test_one_spec_in_flight_compiles_once_and_a_full_queue_is_busy():
 
 
 def _state(grammars: GrammarCompiler, timeout_s: float) -> SimpleNamespace:
-    return SimpleNamespace(grammars=grammars, grammar_lock=asyncio.Lock(),
-                           grammar_timeout_s=timeout_s)  # fmt: skip
+    config = ServeConfig(grammar_timeout_s=timeout_s)
+    return SimpleNamespace(grammars=grammars, grammar_lock=asyncio.Lock(), config=config)
 
 
 def test_a_request_gives_up_after_the_timeout_and_the_compile_is_cached():

@@ -12,6 +12,7 @@ from flipjax import Engine
 from flipjax.model.qwen3_next import forward, init_cache
 from kernels_pallas import dispatch
 from tests.hf_oracle import CONFIGS, make_checkpoint
+from tests.support.internals import params, parts, prompt_logits
 
 PROMPT = [5, 17, 99, 3, 42, 7, 64, 1, 88, 23, 11, 120, 9, 33, 71, 2, 45, 60, 12, 101]
 
@@ -27,7 +28,7 @@ def test_prompt_logits_match(pair):
     hf, engine, _ = pair
     with torch.no_grad():
         want = hf(torch.tensor([PROMPT])).logits[0].numpy()
-    got = engine.prompt_logits(PROMPT)
+    got = prompt_logits(engine, PROMPT)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
 
@@ -46,16 +47,16 @@ def test_prefill_in_two_chunks_continues_exactly(pair):
     hf, engine, _ = pair
     with torch.no_grad():
         want = hf(torch.tensor([PROMPT])).logits[0].numpy()
-    cache = init_cache(engine.config, 1, 32, jnp.float32)
+    cache = init_cache(engine.info.model, 1, 32, jnp.float32)
     split = 7
-    parts = []
+    pieces = []
     for lo, hi in ((0, split), (split, len(PROMPT))):
         tokens = jnp.asarray([PROMPT[lo:hi]], jnp.int32)
         positions = jnp.arange(lo, hi, dtype=jnp.int32)[None]
         step = jax.jit(forward, static_argnums=0)  # one program, not one per operation
-        logits, cache = step(engine.graphdef, engine.params, tokens, positions, cache)
-        parts.append(np.asarray(logits[0]))
-    np.testing.assert_allclose(np.concatenate(parts), want, atol=1e-4, rtol=0)
+        logits, cache = step(parts(engine).graphdef, params(engine), tokens, positions, cache)
+        pieces.append(np.asarray(logits[0]))
+    np.testing.assert_allclose(np.concatenate(pieces), want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("form", ["chunked", "recurrent"])
@@ -64,5 +65,5 @@ def test_both_prefill_forms_match(pair, monkeypatch, form):
     monkeypatch.setenv(dispatch.PREFILL_FORM_ENV, form)
     with torch.no_grad():
         want = hf(torch.tensor([PROMPT * 4])).logits[0].numpy()  # 80 tokens: two chunks
-    got = Engine.from_pretrained(folder).prompt_logits(PROMPT * 4)
+    got = prompt_logits(Engine.from_pretrained(folder), PROMPT * 4)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)

@@ -15,7 +15,7 @@ import pytest
 
 from serve.protocol.sampling import MAX_UNKNOWN_FIELD_NAMES, OTHER_FIELDS
 from tests.servers import SMALL, metric, start_server, stop_server
-from tests.test_grammar_bounds import nested_array_schema
+from tests.support.schemas import nested_array_schema
 
 MAX_BODY = 65536  # the test server's --max-request-bytes (the default is 16 MiB)
 STREAM = {"model": "tiny", "prompt": "a stream beside the hostile requests", "max_tokens": 48,

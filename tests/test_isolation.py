@@ -75,14 +75,14 @@ def _stream(base: str, first: threading.Event | None = None) -> tuple[str, str |
 
 def test_an_admission_that_raises_fails_only_its_request(served, monkeypatch):
     solo, _ = _stream(served.base)
-    encode = served.engine.tokenizer.encode
+    encode = served.engine.info.tokenizer.encode
 
     def poisoned(text: str, *args, **kwargs):
         if "poison" in text:
             raise RuntimeError("injected tokenizer fault")
         return encode(text, *args, **kwargs)
 
-    monkeypatch.setattr(served.engine.tokenizer, "encode", poisoned)
+    monkeypatch.setattr(served.engine.info.tokenizer, "encode", poisoned)
     beside: list[tuple[str, str | None]] = []
     stream = threading.Thread(target=lambda: beside.append(_stream(served.base)))
     stream.start()

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from flipjax import Engine
 from sharding import flip as flip_module
 from sharding.layout import PP, TP, LayoutError, parse_layout, placement_for
+from tests.support.internals import params, parts
 
 PROMPTS = [[(i * 7 + 3) % 256 for i in range(n)] for n in (5, 17, 40)]
 # A grid of 16 tokens: a second run of PROMPTS reuses the device prefix cache, across flips too.
@@ -69,9 +70,9 @@ def test_layout_text_forms():
 
 
 def test_placements_split_what_they_say(engine):
-    cfg = engine.config
+    cfg = engine.info.model
     tp = placement_for("tp:2", cfg)
-    shardings = tp.param_shardings(engine.params)
+    shardings = tp.param_shardings(params(engine))
     q = shardings["model"]["layers"][3]["self_attn"]["q_proj"]["kernel"].get_value()
     o = shardings["model"]["layers"][3]["self_attn"]["o_proj"]["kernel"].get_value()
     assert q.spec == P(None, "tp") and o.spec == P("tp", None)  # kernels are [in, out]
@@ -79,11 +80,11 @@ def test_placements_split_what_they_say(engine):
     assert tp.state_shardings(cfg).gdn[0].recurrent.spec == P(None, "tp", None, None)
     # Under the pipeline each stage's leaves live on its own device only.
     devices = jax.devices()
-    layers = engine.params["model"]["layers"]
+    layers = params(engine)["model"]["layers"]
     assert layers[0]["input_layernorm"]["weight"].get_value().devices() == {devices[0]}
     assert layers[7]["input_layernorm"]["weight"].get_value().devices() == {devices[1]}
-    assert engine.runner.state.kv[0].k.devices() == {devices[0]}  # layer 3
-    assert engine.runner.state.kv[1].k.devices() == {devices[1]}  # layer 7
+    assert parts(engine).runner.state.kv[0].k.devices() == {devices[0]}  # layer 3
+    assert parts(engine).runner.state.kv[1].k.devices() == {devices[1]}  # layer 7
 
 
 @pytest.mark.parametrize("layout", ["tp:2", "pp:3,5@2,2"])
@@ -92,18 +93,18 @@ def test_every_layout_generates_the_same_tokens(layout, straight):
 
 
 def test_flip_mid_generation_both_ways(engine, straight):
-    before = engine.compile_count
+    before = engine.stats().compiles
     assert run(engine, {3: "tp:2"}) == straight  # PP -> TP after prefill, mid-decode
-    assert engine.layout == "tp:2"
-    hits = engine.prefix_counters["hit_tokens_device"]
+    assert engine.stats().layout == "tp:2"
+    hits = engine.stats().prefix.get("hit_tokens_device", 0)
     assert run(engine, {1: "pp:5,3"}) == straight  # TP -> PP mid-prefill
-    assert engine.layout == "pp:5,3"
+    assert engine.stats().layout == "pp:5,3"
     # The 17- and 40-token prompts reused cached pages and states written before the flip.
-    assert engine.prefix_counters["hit_tokens_device"] - hits == 16 + 32
-    assert engine.compile_count == before, "a flip between armed layouts compiled"
-    record = engine.layouts.flips[-1]
-    assert record.direction == "tp:2->pp:5,3" and record.generation == engine.layouts.generation
-    assert record.weights_bytes == sum(x.nbytes for x in jax.tree.leaves(engine.params))
+    assert engine.stats().prefix.get("hit_tokens_device", 0) - hits == 16 + 32
+    assert engine.stats().compiles == before, "a flip between armed layouts compiled"
+    record = engine.stats().flips[-1]
+    assert record.direction == "tp:2->pp:5,3" and record.generation == engine.stats().generation
+    assert record.weights_bytes == sum(x.nbytes for x in jax.tree.leaves(params(engine)))
     assert record.kv_bytes > 0 and record.gdn_bytes > 0 and record.total_ms > 0
 
 
@@ -115,10 +116,10 @@ def live_arrays() -> int:
 def test_ten_round_trips_in_a_row(engine, straight):
     live = live_arrays()
     flips = {i: ("tp:2" if i % 2 == 0 else "pp:5,3") for i in range(20)}  # a flip every step
-    generation = engine.layouts.generation
+    generation = engine.stats().generation
     assert run(engine, flips) == straight
-    assert engine.layouts.generation == generation + 20
-    assert engine.layout == "pp:5,3"
+    assert engine.stats().generation == generation + 20
+    assert engine.stats().layout == "pp:5,3"
     assert live_arrays() == live, "a flip left arrays behind"
 
 
@@ -132,7 +133,7 @@ def test_refused_flip_keeps_the_old_layout(engine, straight):
     for bad, named in refusals:
         with pytest.raises(LayoutError, match=named):
             engine.flip(bad)
-        assert engine.layout == "pp:5,3"
+        assert engine.stats().layout == "pp:5,3"
     assert run(engine) == straight
 
 
@@ -145,11 +146,11 @@ def test_failure_mid_flip_leaves_the_old_binding_serving(engine, straight, monke
         raise RuntimeError("injected: device lost")
 
     monkeypatch.setattr(flip_module, "_move_pools", failing_move)
-    binding, generation = engine.runner.binding, engine.layouts.generation
+    binding, generation = parts(engine).runner.binding, engine.stats().generation
     with pytest.raises(flip_module.FlipError, match="injected: device lost"):
         engine.flip("tp:2")
-    assert engine.runner.binding is binding and engine.layouts.generation == generation
-    assert engine.layout == "pp:5,3"
+    assert parts(engine).runner.binding is binding and engine.stats().generation == generation
+    assert engine.stats().layout == "pp:5,3"
     assert calls == [1]
     monkeypatch.setattr(flip_module, "_move_pools", real_move)
     assert run(engine, {2: "tp:2", 4: "pp:5,3"}) == straight

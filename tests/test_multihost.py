@@ -28,7 +28,7 @@ from store.keys import files_fingerprint
 from store.open import open_store
 from tests.hf_oracle import make_checkpoint
 from tests.servers import ROOT, free_port, wait_healthy
-from tests.test_openai_checkpoint import byte_tokenizer
+from tests.support.tokenizers import byte_tokenizer
 
 HEARTBEAT_S = 3  # the served cluster's, so that a lost process is noticed quickly
 START_HEARTBEAT_S = 10  # the rest: a loaded machine must not make a process look lost
@@ -171,8 +171,9 @@ def test_a_prefix_published_by_the_cluster_is_a_hit_for_one_process(cluster, che
         checkpoint, layout="tp:2", prefix_store=bridge, prefetch_wait_s=30.0, **ENGINE
     )
     out = engine.generate([LONG], max_new_tokens=6)[0]
-    assert engine.prefix_counters["hits_disk"] == 1
-    assert engine.prefix_counters["hit_tokens_disk"] == 64  # two 32-token GDN anchors of 90
+    prefix = engine.stats().prefix
+    assert prefix.get("hits_disk", 0) == 1
+    assert prefix.get("hit_tokens_disk", 0) == 64  # two 32-token GDN anchors of 90
     assert out.token_ids == served
 
     # And the reverse: a prefix one process published before the cluster started.

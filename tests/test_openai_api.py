@@ -146,8 +146,11 @@ def test_stream_usage_arrives_last_and_continuously_when_asked(client):
         **kw, stream=True, stream_options={"include_usage": True}))  # fmt: skip
     assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
     assert all(c.usage is None for c in chunks[:-1])
-    body = {**kw, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body = {
+        **kw,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     with httpx.stream("POST", f"{client.base_url}completions", json=body, timeout=60) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines()
                   if line.startswith("data: {")]  # fmt: skip
@@ -208,11 +211,21 @@ def test_every_guided_form_constrains_the_text(client):
 
 def test_bad_structured_output_is_refused_by_name(server):
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}
-    r = httpx.post(f"{server}/v1/chat/completions", timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "x"}], "response_format": bad})
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": bad,
+        },
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema"
-    r = httpx.post(f"{server}/v1/completions", timeout=60, json={
-        "model": "tiny", "prompt": "x", "guided_regex": "a", "guided_choice": ["a"]})
+    r = httpx.post(
+        f"{server}/v1/completions",
+        timeout=60,
+        json={"model": "tiny", "prompt": "x", "guided_regex": "a", "guided_choice": ["a"]},
+    )
     assert r.status_code == 400 and "only one structured output" in r.json()["error"]["message"]
 
 
@@ -230,7 +243,8 @@ def test_required_and_named_tool_calls_always_parse(client, seed):
     assert required.choices[0].finish_reason == "tool_calls"
     assert_valid_calls(required.choices[0].message.tool_calls)
     named = client.chat.completions.create(
-        **kw, tool_choice={"type": "function", "function": {"name": "greet"}})
+        **kw, tool_choice={"type": "function", "function": {"name": "greet"}}
+    )
     assert [c.function.name for c in named.choices[0].message.tool_calls] == ["greet"]
     assert_valid_calls(named.choices[0].message.tool_calls)
     one = client.chat.completions.create(**kw, tool_choice="required", parallel_tool_calls=False)

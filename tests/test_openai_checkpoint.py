@@ -10,10 +10,10 @@ import json
 import openai
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from tests.hf_oracle import make_checkpoint
 from tests.servers import SMALL, start_server, stop_server
+from tests.support.tokenizers import byte_tokenizer
 
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -21,15 +21,6 @@ TEMPLATE = (
     "{% endif %}"
 )
 PROMPTS = [[5, 9, 33, 70, 2, 101], [44, 44, 12, 80, 7, 9, 120, 3, 55]]
-
-
-def byte_tokenizer(path: str) -> None:
-    """A byte-level BPE without merges: 256 ids, one per byte."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.save(path)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import pytest
 from flipjax import Engine, SamplingParams
 from flipjax.runtime.grammar import GrammarCompiler
 from tests.pool_checks import assert_pools_returned
+from tests.support.internals import parts
 
 
 def make(overlap: bool) -> Engine:
@@ -63,24 +64,24 @@ def test_a_mixed_batch_gets_the_tokens_of_step_by_step_decoding(engines):
     straight = engines[False].generate([prompt(3)], max_new_tokens=30)[0].token_ids
     params = mixed(stop_id=straight[12])  # greedy row 3 stops at its 13th token
     reference = outcome(engines[False], params)
-    ahead, before = engines[True], engines[True].overlap.steps
+    ahead, before = engines[True], parts(engines[True]).overlap.steps
     returned, logprobs = outcome(ahead, params)
     reference, reference_logprobs = reference
     assert returned == reference
     np.testing.assert_allclose(logprobs, reference_logprobs, rtol=1e-5, atol=1e-5)
     assert reference[3][1] == "stop" and len(reference[3][0]) == 13
     assert len({len(r[0]) for r in reference}) >= 4, "rows must stop at different steps"
-    assert ahead.overlap.steps - before >= 8, "the batch must have run ahead"
+    assert parts(ahead).overlap.steps - before >= 8, "the batch must have run ahead"
     # Samplers with penalties or logprobs compile on first use (`ModelRunner.warmup`); the
     # batch run again compiles nothing.
-    compiles = ahead.compile_count
+    compiles = ahead.stats().compiles
     assert outcome(ahead, params)[0] == reference
-    assert ahead.compile_count == compiles, "running ahead compiles nothing"
+    assert ahead.stats().compiles == compiles, "running ahead compiles nothing"
     assert_pools_returned(ahead)
 
 
 def test_a_grammar_row_runs_ahead_with_the_same_tokens(engines):
-    grammars = GrammarCompiler(engines[True].tokenizer, engines[True].config.vocab_size)
+    grammars = GrammarCompiler(engines[True].info.tokenizer, engines[True].info.model.vocab_size)
     compiled = grammars.compile("choice", ["yes", "no", "maybe", "perhaps not"])
     texts = {}
     for overlap, engine in engines.items():
@@ -109,13 +110,13 @@ def test_an_abort_and_an_arrival_mid_batch_leave_the_others_unchanged(engines):
 
     engine = engines[True]
     ids = [engine.add_request(prompt(i), sampled) for i in (0, 1, 2, 4)]
-    while len(engine.generated(ids[0])) < 6:
+    while len(engine.progress(ids[0]).new_ids) < 6:
         engine.step()
-    assert engine.overlap.pending is not None, "the batch must be running ahead"
+    assert parts(engine).overlap.pending is not None, "the batch must be running ahead"
     aborted = engine.abort(ids[2])
-    assert aborted.finish_reason == "abort" and engine.overlap.pending is None
+    assert aborted.finish_reason == "abort" and parts(engine).overlap.pending is None
     outs = {}
-    while len(engine.generated(ids[0])) < 12:
+    while len(engine.progress(ids[0]).new_ids) < 12:
         outs.update({o.request_id: o for o in engine.step()})
     late_id = engine.add_request(prompt(5), greedy)
     while engine.has_unfinished():
@@ -131,9 +132,9 @@ def test_a_request_that_finished_in_flight_is_returned_once(engines):
     short = engine.add_request(prompt(0), SamplingParams(temperature=0, max_tokens=5))
     long = engine.add_request(prompt(1), SamplingParams(temperature=0, max_tokens=20))
     seen = []
-    while len(engine.generated(short)) < 4:
+    while len(engine.progress(short).new_ids) < 4:
         seen += engine.step()
-    assert engine.overlap.pending is not None, "the short request's last token is in flight"
+    assert parts(engine).overlap.pending is not None, "the short request's last token is in flight"
     engine.check()  # settles: that token finishes it here, outside a step
     out = engine.abort(short)
     assert out.finish_reason == "length" and len(out.token_ids) == 5
@@ -148,19 +149,19 @@ def test_a_flip_mid_batch_continues_exactly(engines):  # the module's last: it m
     params = [SamplingParams(temperature=0.8, seed=s, max_tokens=20) for s in range(3)]
     reference = engines[False].generate([prompt(i) for i in range(3)], sampling=params)
     ids = [engine.add_request(prompt(i), p) for i, p in enumerate(params)]
-    while len(engine.generated(ids[0])) < 7:
+    while len(engine.progress(ids[0]).new_ids) < 7:
         engine.step()
-    assert engine.overlap.pending is not None
+    assert parts(engine).overlap.pending is not None
     engine.flip("tp:2")
-    ahead = engine.overlap.steps
+    ahead = parts(engine).overlap.steps
     outs = {}
     while engine.has_unfinished():
         outs.update({o.request_id: o for o in engine.step()})
     assert [outs[i].token_ids for i in ids] == [r.token_ids for r in reference]
-    assert engine.overlap.steps > ahead, "tensor parallel is one stage: it runs ahead too"
+    assert parts(engine).overlap.steps > ahead, "tensor parallel is one stage: it runs ahead too"
     engine.flip("pp:4,4")
-    before = engine.overlap.steps
+    before = parts(engine).overlap.steps
     out = engine.generate([prompt(0)], sampling=params[0])[0]
     assert out.token_ids == reference[0].token_ids
-    assert engine.overlap.steps == before, "a pipeline's steps are cut on the host"
+    assert parts(engine).overlap.steps == before, "a pipeline's steps are cut on the host"
     assert_pools_returned(engine)

@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flipjax import Engine, SamplingParams
-from flipjax.engine.config import EngineConfig
+from flipjax import Engine, FlipjaxConfig, SamplingParams
 from flipjax.model.qwen3_next import forward, init_cache
 from flipjax.model.tiny import tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
 from flipjax.runtime.model_runner import Row
 from tests.pool_checks import assert_pools_returned
+from tests.support.internals import params, parts
 
 # Compiled whole: run op by op, the contiguous forward compiled about 500 programs.
 contiguous_forward = jax.jit(forward, static_argnums=(0, 5))
@@ -28,7 +28,8 @@ def model():
 
 
 def make(model, **options) -> Engine:
-    return Engine(model, ByteTokenizer(), "tiny", jnp.float32, EngineConfig(**options))
+    config = FlipjaxConfig.build(dtype="float32", **options)
+    return Engine(model, ByteTokenizer(), config, name="tiny")
 
 
 @pytest.fixture(scope="module")
@@ -39,27 +40,29 @@ def engine(model):
 def test_paged_logits_equal_contiguous_forward(engine):
     """Prefill then decode over pages gives the contiguous cache's logits, step by step."""
     prompt = PROMPTS[6]
-    cache = init_cache(engine.config, 1, 64, jnp.float32)
-    pages = engine.pages.allocate(4, "t")
-    slot = engine.slots.allocate("t")
+    cache = init_cache(engine.info.model, 1, 64, jnp.float32)
+    inside = parts(engine)
+    pool, slots = inside.allocator.pages, inside.allocator.slots
+    pages = pool.allocate(4, "t")
+    slot = slots.allocate("t")
     try:
         ids, start = list(prompt), 0
-        paged = engine.runner.run([Row(ids, 0, pages, slot)], decode=False)
+        paged = inside.runner.run([Row(ids, 0, pages, slot)], decode=False)
         for _ in range(8):
             tokens = jnp.asarray([ids[start:]], jnp.int32)
             positions = jnp.arange(start, len(ids), dtype=jnp.int32)[None]
             want, cache = contiguous_forward(
-                engine.graphdef, engine.params, tokens, positions, cache, True
+                inside.graphdef, params(engine), tokens, positions, cache, True
             )
             # Blockwise online softmax vs one softmax: fp32 sums in another order (logits ~2.5),
             # which also depends on the CPU's matmul kernels (2.6e-5 seen on an AVX-512 part).
             np.testing.assert_allclose(np.asarray(paged[0]), np.asarray(want[0]), atol=5e-5, rtol=0)
             start = len(ids)
             ids.append(int(np.argmax(want[0])))
-            paged = engine.runner.run([Row(ids[-1:], start, pages, slot)], decode=True)
+            paged = inside.runner.run([Row(ids[-1:], start, pages, slot)], decode=True)
     finally:
-        engine.pages.release(pages, "t")
-        engine.slots.release(slot, "t")
+        pool.release(pages, "t")
+        slots.release(slot, "t")
     engine.check()
 
 
@@ -103,7 +106,7 @@ def test_retraction_loses_no_output(model, engine):
     roomy = engine.generate(PROMPTS, sampling=sampling)
     tight = make(model, num_pages=12, page_size=16)
     squeezed = tight.generate(PROMPTS, sampling=sampling)
-    assert tight.scheduler.counters["retracted"] > 0
+    assert tight.stats().scheduling.get("retracted", 0) > 0
     assert [o.token_ids for o in squeezed] == [o.token_ids for o in roomy]
     assert_pools_returned(tight)
 
@@ -128,7 +131,7 @@ def test_stop_conditions(engine):
             [PROMPTS[3]], sampling=SamplingParams(temperature=0, stop=[needle], max_tokens=20)
         )[0]
         assert out.finish_reason == "stop" and out.text == text[: text.index(needle)]
-    eos = engine.tokenizer.eos_token_id
+    eos = engine.info.tokenizer.eos_token_id
     ignored = engine.generate(
         [PROMPTS[3]],
         sampling=SamplingParams(temperature=0, ignore_eos=True, stop_token_ids=[], max_tokens=3),
@@ -155,7 +158,8 @@ def test_abort_frees_at_once(engine):
     rid = engine.add_request(PROMPTS[7], max_new_tokens=50)
     engine.step()
     engine.step()
-    assert engine.pages.num_free < engine.pages.total
+    pools = engine.stats().pools
+    assert pools["pages_free"] < pools["pages_total"]
     out = engine.abort(rid)
     assert out.finish_reason == "abort" and not engine.has_unfinished()
     assert_pools_returned(engine)
@@ -209,27 +213,28 @@ def test_two_hundred_mixed_requests_leave_pools_free(model):
                 pass  # it had already finished
     while eng.has_unfinished():
         eng.step()
-    assert eng.prefix_counters["hits_device"] > 0 and eng.scheduler.counters["evicted"] > 0
+    stats = eng.stats()
+    assert stats.prefix.get("hits_device", 0) > 0 and stats.scheduling.get("evicted", 0) > 0
     assert_pools_returned(eng)
-    assert eng.pages.counters["checked"] == 2
+    assert parts(eng).allocator.pages.counters["checked"] == 2
 
 
 def test_no_recompilation_after_warmup(model):
     eng = make(model, max_prefill_tokens=64, max_running_requests=8)
     eng.warmup()
-    warm = eng.compile_count
+    warm = eng.stats().compiles
     workload = PROMPTS + [PROMPTS[7] * 2]
     hot = SamplingParams(temperature=0.9, top_p=0.9, seed=1, max_tokens=6)
     greedy = SamplingParams(temperature=0, max_tokens=10)
     eng.generate(workload, sampling=[(greedy, hot)[i % 2] for i in range(len(workload))])
     eng.generate(workload[::-1], sampling=greedy)
     eng.generate(workload[2:5], sampling=hot)
-    assert eng.compile_count == warm
+    assert eng.stats().compiles == warm
 
 
 def test_step_updates_pools_in_place(engine):
     """No step program copies a whole KV or GDN pool (a copy costs the pool's size per token)."""
-    r = engine.runner
+    r = parts(engine).runner
     pool_shapes = {
         f"f32[{','.join(map(str, a.shape))}]" for a in jax.tree_util.tree_leaves(r.state)
     }

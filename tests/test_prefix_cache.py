@@ -3,11 +3,12 @@ the same tokens as a run that computes everything."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import jax.numpy as jnp
 import pytest
 
-from flipjax import Engine, SamplingParams
-from flipjax.engine.config import EngineConfig
+from flipjax import Engine, FlipjaxConfig, SamplingParams
 from flipjax.engine.radix_cache import OWNER, RadixCache
 from flipjax.model.tiny import tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
@@ -119,8 +120,10 @@ def model():
 
 
 def make(model, **options) -> Engine:
-    ec = EngineConfig(page_size=8, gdn_checkpoint_interval=16, max_prefill_tokens=64, **options)
-    return Engine(model, ByteTokenizer(), "tiny", jnp.float32, ec)
+    config = FlipjaxConfig.build(
+        dtype="float32", page_size=8, gdn_checkpoint_interval=16, max_prefill_tokens=64, **options
+    )
+    return Engine(model, ByteTokenizer(), config, name="tiny")
 
 
 SAMPLINGS = [
@@ -143,7 +146,8 @@ def test_a_repeated_prompt_is_served_from_the_device_with_the_same_tokens(model,
     assert first.token_ids == second.token_ids == want
     alone = straight.generate([PROMPT + second.token_ids[:4]], sampling=sampling)[0]
     assert longer.token_ids == alone.token_ids
-    assert cached.prefix_counters["hits_device"] == 2 and cached.prefix_counters["misses"] == 1
+    prefix = cached.stats().prefix
+    assert prefix.get("hits_device", 0) == 2 and prefix.get("misses", 0) == 1
     assert_pools_returned(cached)
     again = cached.generate([PROMPT], sampling=sampling)[0]
     assert again.cached_tokens == 0 and again.token_ids == want, "flushed: computed again"
@@ -156,8 +160,8 @@ def test_a_tight_pool_climbs_the_relief_ladder_and_loses_nothing(model):
     tight = make(model, num_pages=24, max_running_requests=8)
     squeezed = tight.generate(prompts, sampling=sampling)
     assert [o.token_ids for o in squeezed] == [o.token_ids for o in roomy]
-    counters = tight.scheduler.counters
+    counters = Counter(tight.stats().scheduling)
     assert counters["evicted"] > 0 and counters["retracted"] > 0, counters
     assert counters["throttled"] + counters["parked"] > 0, counters
-    assert tight.prefix_counters["hits_device"] > 0
+    assert tight.stats().prefix.get("hits_device", 0) > 0
     assert_pools_returned(tight)

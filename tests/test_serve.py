@@ -177,8 +177,14 @@ def test_generate_takes_and_returns_token_ids(server):
 
 
 def test_abort_and_disconnect_free_pages_and_slots(server, client):
-    stream = client.completions.create(model="tiny", prompt="abort me", max_tokens=400,
-                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="tiny",
+        prompt="abort me",
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     first = next(iter(stream))
     r = httpx.post(f"{server}/abort_request", json={"request_id": first.id}, timeout=30)
     assert r.status_code == 200, r.text
@@ -224,7 +230,6 @@ def test_keys_guard_the_routes(tmp_path):
         assert r.status_code == 200 and r.json()["layout"] == "single"
     finally:
         stop_server(proc)
-
 
 
 def test_admin_routes_answer_only_to_allowed_hosts_and_json(server):

@@ -18,7 +18,7 @@ from tests.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_serv
 def test_auto_phase_policy_needs_one_decode_layout(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--phase-policy", "auto"])
-    assert "exactly one --arm layout" in capsys.readouterr().err
+    assert "exactly one arm layout (--arm" in capsys.readouterr().err
 
 
 def test_a_burst_into_a_small_pool_under_the_auto_policy(tmp_path):

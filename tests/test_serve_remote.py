@@ -12,7 +12,7 @@ import httpx
 
 from tests.redis_server import RedisServer
 from tests.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
-from tests.test_serve_store import PROMPT
+from tests.support.prompts import STORE_PROMPT as PROMPT
 
 GRID = ("--gdn-checkpoint-interval", "32")
 
@@ -124,11 +124,11 @@ def test_without_the_store_secret_the_shared_tier_is_neither_read_nor_written(mo
     from flipjax.serve import _open_store, parse_args
 
     monkeypatch.delenv("FLIPJAX_STORE_SECRET", raising=False)
-    args = parse_args(["--store-dir", "none", "--remote-store", "redis://127.0.0.1:9/0"])
+    config = parse_args(["--store-dir", "none", "--remote-store", "redis://127.0.0.1:9/0"])
     with caplog.at_level(logging.WARNING):
-        bridge, _, _ = _open_store(args, logging.getLogger("flipjax.serve"))
+        bridge, _, _ = _open_store(config, logging.getLogger("flipjax.serve"))
     assert bridge.store.remote is None
     assert "is off: without --store-secret" in caplog.text
     bridge.store.close()
     monkeypatch.setenv("FLIPJAX_STORE_SECRET", SECRET)
-    assert parse_args(["--remote-store", "redis://127.0.0.1:9/0"]).store_secret == SECRET
+    assert parse_args(["--remote-store", "redis://127.0.0.1:9/0"]).store.store_secret == SECRET

@@ -79,7 +79,7 @@ def test_checkpoint_restart_branch_rewind(tmp_path):
             for line in streamed.text.splitlines()
             if line.startswith("data: {")
         )
-        assert text == Engine.from_pretrained("tiny").tokenizer.decode(rest)
+        assert text == Engine.from_pretrained("tiny").info.tokenizer.decode(rest)
 
         # Rewind: a new session continues from the checkpoint as a branch with that prompt does.
         r = post(base, "/session_rewind", {"session_id": "t", "checkpoint_id": cid})

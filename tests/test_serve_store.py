@@ -11,8 +11,7 @@ import httpx
 
 from serve.metrics import TIERS
 from tests.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
-
-PROMPT = "".join(chr(97 + (i * 7) % 26) for i in range(90))  # 90 tokens: two 32-token grids
+from tests.support.prompts import STORE_PROMPT as PROMPT
 
 
 def complete(base: str) -> dict:
@@ -104,9 +103,11 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
 def test_store_flags_reach_the_tiers(tmp_path):
     from flipjax.serve import _open_store, parse_args
 
-    args = parse_args(["--store-dir", str(tmp_path), "--disk-min-free-gb", "0.5",
-                       "--disk-cache-gb", "1", "--prefetch-wait-ms", "250"])  # fmt: skip
-    bridge, _, control = _open_store(args, logging.getLogger("test"))
+    config = parse_args(
+        ["--store-dir", str(tmp_path), "--disk-min-free-gb", "0.5"]
+        + ["--disk-cache-gb", "1", "--prefetch-wait-ms", "250"]
+    )
+    bridge, _, control = _open_store(config, logging.getLogger("test"))
     assert bridge.store.disk.min_free_bytes == control.min_free_bytes == 2**29
-    assert bridge.store.remote is None and args.prefetch_wait_ms == 250
+    assert bridge.store.remote is None and config.cache.prefetch_wait_s == 0.25
     bridge.store.close()

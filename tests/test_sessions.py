@@ -7,8 +7,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
-from flipjax import Engine, SamplingParams
-from flipjax.engine.config import EngineConfig
+from flipjax import Engine, FlipjaxConfig, SamplingParams
 from flipjax.model.tiny import TINY_SEED, tiny_config, tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
 from store.checkpoints import CheckpointError
@@ -16,6 +15,7 @@ from store.entry import Kind
 from store.manifest import FORMAT_VERSION, Manifest, ManifestError
 from store.open import open_checkpoints, open_store
 from tests.pool_checks import assert_pools_returned
+from tests.support.internals import parts
 
 PS, GRID = 8, 16
 PROMPT = [(i * 13 + 7) % 256 for i in range(45)]
@@ -38,11 +38,18 @@ def make(model, folder, host_mb: float = 64, layout: str | None = None, disk: bo
         str(folder) if disk else None, 2**30,
     )  # fmt: skip
     book = open_checkpoints(bridge, identity, str(folder) if disk else None)
-    ec = EngineConfig(
-        page_size=PS, max_prefill_tokens=64, num_pages=256, max_running_requests=4,
+    config = FlipjaxConfig.build(
+        dtype="float32",
+        page_size=PS,
+        max_prefill_tokens=64,
+        num_pages=256,
+        max_running_requests=4,
         prefetch_wait_s=30,  # a restored prefix is always read, however loaded the machine
-    )  # fmt: skip
-    return Engine(model, ByteTokenizer(), "tiny", jnp.float32, ec, bridge, layout, book)
+        layout=layout,
+    )
+    return Engine(
+        model, ByteTokenizer(), config, name="tiny", prefix_store=bridge, checkpoints=book
+    )
 
 
 def run(engine: Engine, request_id: str) -> list[int]:
@@ -56,8 +63,10 @@ def run(engine: Engine, request_id: str) -> list[int]:
 def straight(model):
     """Straight-through token ids per sampling, from an engine with no cache or store; run
     twice to prove the reference is itself deterministic (A vs A)."""
-    ec = EngineConfig(page_size=PS, max_prefill_tokens=64, prefix_cache=False)
-    plain = Engine(model, ByteTokenizer(), "tiny", jnp.float32, ec)
+    config = FlipjaxConfig.build(
+        dtype="float32", page_size=PS, max_prefill_tokens=64, prefix_cache=False
+    )
+    plain = Engine(model, ByteTokenizer(), config, name="tiny")
     found = {}
     for name, params in SAMPLINGS.items():
         a, b = (plain.generate([PROMPT], sampling=params)[0].token_ids for _ in range(2))
@@ -82,21 +91,21 @@ def test_a_branch_continues_byte_for_byte(model, straight, tmp_path, name):
     engine.flush_prefix_cache()  # the seed must come from the store
     rid = engine.branch(summary["checkpoint_id"], max_new_tokens=N - K)
     assert straight[name][:K] + run(engine, rid) == straight[name]
-    assert engine.prefix_counters["hits_host"] >= 1
+    assert engine.stats().prefix.get("hits_host", 0) >= 1
     assert_pools_returned(engine)
 
 
 def test_a_quiesced_request_is_checkpointed_mid_generation_and_resumes(model, straight, tmp_path):
     engine = make(model, tmp_path)
     rid = engine.add_request(PROMPT, SAMPLINGS["seeded"])
-    while len(engine.generated(rid)) < 7:
+    while len(engine.progress(rid).new_ids) < 7:
         engine.step()
     with pytest.raises(CheckpointError, match="still generating"):
         engine.checkpoint(request_id=rid)
     summary = engine.checkpoint(request_id=rid, quiesce=True)
     # A decode step run ahead may have had its token in flight: the checkpoint holds it too.
     k = summary["generated_tokens"]
-    assert k == len(engine.generated(rid)) in (7, 8) and summary["position"] == 48
+    assert k == len(engine.progress(rid).new_ids) in (7, 8) and summary["position"] == 48
     assert run(engine, rid) == straight["seeded"], "the checkpointed request resumed unchanged"
     branch = engine.branch(summary["checkpoint_id"], max_new_tokens=N - k)
     assert straight["seeded"][:k] + run(engine, branch) == straight["seeded"]
@@ -108,7 +117,7 @@ def test_an_unseeded_request_branches_with_its_rng_state(model, tmp_path):
     engine = make(model, tmp_path)
     params = SamplingParams(temperature=1.0, max_tokens=N, ignore_eos=True)
     rid = engine.add_request(PROMPT, params)
-    while len(engine.generated(rid)) < K:
+    while len(engine.progress(rid).new_ids) < K:
         engine.step()
     summary = engine.checkpoint(request_id=rid, quiesce=True)
     k = summary["generated_tokens"]  # K, or K + 1 with a token in flight
@@ -123,13 +132,13 @@ def test_a_branch_across_a_flip_and_a_restart(model, straight, tmp_path):
     engine.flip("tp:2")
     rid = engine.branch(summary["checkpoint_id"], max_new_tokens=N - K)
     assert straight["seeded"][:K] + run(engine, rid) == straight["seeded"]
-    engine.prefix_store.store.close()
+    parts(engine).prefix_store.store.close()
 
     restarted = make(model, tmp_path)  # new store objects and book over the same folder
-    assert [c["checkpoint_id"] for c in restarted.checkpoints.list()] == [summary["checkpoint_id"]]
+    assert [c["checkpoint_id"] for c in restarted.list_checkpoints()] == [summary["checkpoint_id"]]
     rid = restarted.branch(summary["checkpoint_id"], max_new_tokens=N - K)
     assert straight["seeded"][:K] + run(restarted, rid) == straight["seeded"]
-    assert restarted.prefix_counters["hits_disk"] == 1
+    assert restarted.stats().prefix.get("hits_disk", 0) == 1
 
 
 def test_refusals_name_their_reason_and_change_nothing(model, tmp_path):
@@ -148,33 +157,34 @@ def test_refusals_name_their_reason_and_change_nothing(model, tmp_path):
         engine.checkpoint(session_id="s", position=99)
     with pytest.raises(KeyError, match="not a checkpoint"):
         engine.branch("0" * 32)
-    no_book = Engine(model, ByteTokenizer(), "tiny", jnp.float32, EngineConfig(page_size=PS))
+    config = FlipjaxConfig.build(dtype="float32", page_size=PS)
+    no_book = Engine(model, ByteTokenizer(), config, name="tiny")
     with pytest.raises(CheckpointError, match="no store"):
         no_book.branch("0" * 32)
-    assert len(engine.checkpoints.list()) == 1 and not engine.has_unfinished()
+    assert len(engine.list_checkpoints()) == 1 and not engine.has_unfinished()
 
 
 @pytest.mark.parametrize("lost", ["page", "anchor"])
 def test_a_missing_reference_refuses_the_branch_and_seeds_nothing(model, tmp_path, lost):
     engine = make(model, tmp_path)
     summary = checkpoint_after_k(engine, SAMPLINGS["greedy"], "s")
-    refs = engine.checkpoints.references(summary["checkpoint_id"])
+    refs = parts(engine).sessions.book.references(summary["checkpoint_id"])
     key, kind = refs[1] if lost == "page" else refs[-1]
     assert kind == (Kind.KV_PAGE if lost == "page" else Kind.GDN_ANCHOR)
-    assert engine.prefix_store.store.delete(key, kind)
-    free = engine.pages.num_free
+    assert parts(engine).prefix_store.store.delete(key, kind)
+    free = engine.stats().pools["pages_free"]
     what = "page 1" if lost == "page" else "GDN anchor"
     with pytest.raises(CheckpointError, match=f"its {what} .* is not in the store"):
         engine.branch(summary["checkpoint_id"])
-    assert not engine.has_unfinished() and engine.pages.num_free == free
+    assert not engine.has_unfinished() and engine.stats().pools["pages_free"] == free
 
 
 def test_pins_hold_against_eviction_until_the_checkpoint_is_deleted(model, straight, tmp_path):
     # A host tier of about 40 entries and no disk: eviction pressure is real.
     engine = make(model, tmp_path, host_mb=0.5, disk=False)
     summary = checkpoint_after_k(engine, SAMPLINGS["greedy"], "s")
-    cid, store = summary["checkpoint_id"], engine.prefix_store.store
-    refs = engine.checkpoints.references(cid)
+    cid, store = summary["checkpoint_id"], parts(engine).prefix_store.store
+    refs = parts(engine).sessions.book.references(cid)
     assert all(store.pinned(key, kind) == 1 for key, kind in refs)
     flood = [[(k * 31 + i) % 256 for i in range(120)] for k in range(12)]
     engine.generate(flood, max_new_tokens=4)
@@ -184,11 +194,11 @@ def test_pins_hold_against_eviction_until_the_checkpoint_is_deleted(model, strai
     rid = engine.branch(cid, max_new_tokens=N - K)
     assert straight["greedy"][:K] + run(engine, rid) == straight["greedy"]
 
-    engine.checkpoints.delete(cid)
+    engine.delete_checkpoint(cid)
     assert all(store.pinned(key, kind) == 0 for key, kind in refs)
-    assert not engine.checkpoints.list()
+    assert not engine.list_checkpoints()
     with pytest.raises(KeyError, match="not a checkpoint"):
-        engine.checkpoints.delete(cid)
+        engine.delete_checkpoint(cid)
     engine.generate([[k] + f for k, f in enumerate(flood)], max_new_tokens=4)
     assert any(store.where(key, kind) is None for key, kind in refs), "unpinned, evictable"
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from flipjax import Engine
+from tests.support.internals import parts
 
 
 @pytest.mark.parametrize("layout", [None, "pp:4,4"])
 def test_every_stage_program_takes_its_parameters_as_flat_arrays(layout):
     engine = Engine.from_pretrained("tiny", layout=layout)
-    binding = engine.runner.binding
+    binding = parts(engine).runner.binding
     for stage in range(len(binding.stages)):
         step, _ = binding.programs(stage, (2, 1))
         args, _kwargs = step.in_tree.children()

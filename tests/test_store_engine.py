@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flipjax import Engine, SamplingParams
-from flipjax.engine.config import EngineConfig
+from flipjax import Engine, FlipjaxConfig, SamplingParams
 from flipjax.model.tiny import tiny_model
 from flipjax.model.tokenizer import ByteTokenizer
 from flipjax.runtime.cache_io import read_pages, read_slot
@@ -23,6 +22,7 @@ from store.host import HostTier
 from store.keys import ModelIdentity, page_keys, root_key
 from store.payload import PayloadLayout
 from store.tiered import TieredStore
+from tests.support.internals import parts
 
 PS, GRID = 16, 32
 PROMPT = [(i * 11 + 5) % 256 for i in range(100)]
@@ -43,10 +43,14 @@ def open_store(model, folder: str) -> StoreBridge:
 
 
 def make(model, bridge=None, layout: str | None = None, max_prefill_tokens=48, **options):
-    ec = EngineConfig(page_size=PS, max_prefill_tokens=max_prefill_tokens, **options)
-    return Engine(
-        model, ByteTokenizer(), "tiny", jnp.float32, ec, prefix_store=bridge, layout=layout
+    config = FlipjaxConfig.build(
+        dtype="float32",
+        page_size=PS,
+        max_prefill_tokens=max_prefill_tokens,
+        layout=layout,
+        **options,
     )
+    return Engine(model, ByteTokenizer(), config, name="tiny", prefix_store=bridge)
 
 
 def generate_after_prefetch(engine: Engine, prompts, sampling) -> list:
@@ -54,7 +58,7 @@ def generate_after_prefetch(engine: Engine, prompts, sampling) -> list:
     seeds come from host memory at admission (the race with the prefetch is taken out)."""
     ids = [engine.add_request(p, s) for p, s in zip(prompts, sampling, strict=True)]
     for rid in ids:
-        ticket = engine.requests[rid].prefetch
+        ticket = parts(engine).requests[rid].prefetch
         assert ticket is not None and ticket.done.wait(30)
     done = {}
     while len(done) < len(ids):
@@ -82,7 +86,8 @@ def test_store_hits_are_token_identical_across_a_restart(model, tmp_path):
     assert [o.cached_tokens for o in again] == [96, 96]
     assert [o.token_ids for o in again] == [o.token_ids for o in straight]
     assert restarted.store.stats()["store"]["hits_disk"] > 0
-    assert engine.prefix_counters["hits_disk"] == 1  # the second rode on the first's promotion
+    # The second rode on the first's promotion.
+    assert engine.stats().prefix.get("hits_disk", 0) == 1
     engine.check()
     restarted.store.close()
 
@@ -132,23 +137,23 @@ def test_the_queue_head_waits_for_its_prefetch_while_others_step(model, tmp_path
 
     restarted = open_store(model, str(tmp_path))
     engine = make(model, restarted, prefetch_wait_s=30)
-    other = engine.requests[engine.add_request([3] * 20, SamplingParams(temperature=0))]
+    other = parts(engine).requests[engine.add_request([3] * 20, SamplingParams(temperature=0))]
     engine.step()
     gate = hold_reads(restarted)
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=8))
-    seq = engine.requests[rid]
+    seq = parts(engine).requests[rid]
     before = len(other.output_ids)
     for _ in range(3):
         engine.step()
     assert len(other.output_ids) == before + 3  # the running request stepped on
-    assert seq.num_computed == 0 and engine.scheduler.counters["prefetch_waits"] == 3
+    assert seq.num_computed == 0 and engine.stats().scheduling.get("prefetch_waits", 0) == 3
     gate.set()
     assert seq.prefetch.done.wait(30)
     while engine.has_unfinished():
         for out in engine.step():
             if out.request_id == rid:
                 assert out.token_ids == straight.token_ids and out.cached_tokens == 96
-    assert engine.prefix_counters["hits_disk"] == 1
+    assert engine.stats().prefix.get("hits_disk", 0) == 1
     engine.check()
     restarted.store.close()
 
@@ -163,7 +168,8 @@ def test_a_prefetch_that_lands_mid_prefill_is_caught_up(model, tmp_path):
     restarted = open_store(model, str(tmp_path))
     gate = hold_reads(restarted)
     engine = make(model, restarted, max_prefill_tokens=16, prefetch_wait_s=0)  # admit at once
-    seq = engine.requests[engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=8))]
+    rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=8))
+    seq = parts(engine).requests[rid]
     engine.step()
     assert seq.num_computed == 16 and seq.cached_tokens == 0
     gate.set()
@@ -173,8 +179,9 @@ def test_a_prefetch_that_lands_mid_prefill_is_caught_up(model, tmp_path):
     while engine.has_unfinished():
         out = engine.step()
     assert out[0].token_ids == straight.token_ids and out[0].cached_tokens == 64
-    assert engine.prefix_counters["catch_ups"] == 1
-    assert engine.prefix_counters["hit_tokens_disk"] == 64
+    prefix = engine.stats().prefix
+    assert prefix.get("catch_ups", 0) == 1
+    assert prefix.get("hit_tokens_disk", 0) == 64
     engine.check()
     restarted.store.close()
 
@@ -182,7 +189,7 @@ def test_a_prefetch_that_lands_mid_prefill_is_caught_up(model, tmp_path):
 def run_prompt(engine: Engine, prompt: list[int]):
     """Admit `prompt` and step until all of it is computed; returns the live sequence."""
     rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30))
-    seq = engine.requests[rid]
+    seq = parts(engine).requests[rid]
     while seq.num_computed < len(prompt):
         engine.step()
     return seq
@@ -192,7 +199,7 @@ def test_published_payloads_are_the_device_bytes(model, tmp_path):
     bridge = open_store(model, str(tmp_path))
     engine = make(model, bridge)
     seq = run_prompt(engine, PROMPT[:64])
-    kv = read_pages(engine.runner.state, seq.pages[:4])
+    kv = read_pages(parts(engine).runner.state, seq.pages[:4])
     keys = page_keys(bridge.store.root, PROMPT[:64], PS)
     layout = bridge.layout
     for i, k in enumerate(keys):
@@ -223,7 +230,7 @@ def test_slot_state_is_what_was_published(model, tmp_path):
     bridge = open_store(model, str(tmp_path))
     engine = make(model, bridge)
     seq = run_prompt(engine, PROMPT[:32])
-    rec, conv = read_slot(engine.runner.state, seq.slot)
+    rec, conv = read_slot(parts(engine).runner.state, seq.slot)
     fetched = bridge.fetch(PROMPT[:32] + [1])
     np.testing.assert_array_equal(fetched.recurrent, rec)
     np.testing.assert_array_equal(fetched.conv, conv)
@@ -241,13 +248,13 @@ def test_payloads_are_layout_neutral_across_layouts(model, tmp_path):
     bridge.store.flush()
 
     engine = make(model, bridge, "tp:2", **small)
-    assert len(engine.runner.state.kv[0].k.sharding.device_set) == 2
+    assert len(parts(engine).runner.state.kv[0].k.sharding.device_set) == 2
     rid = engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=8))
-    seq = engine.requests[rid]
+    seq = parts(engine).requests[rid]
     engine.step()  # admission seeds 96 tokens from the store, then prefills the rest
     assert seq.cached_tokens == 96
     fetched = bridge.fetch(PROMPT)
-    np.testing.assert_array_equal(read_pages(engine.runner.state, seq.pages[:6]), fetched.kv)
+    np.testing.assert_array_equal(read_pages(parts(engine).runner.state, seq.pages[:6]), fetched.kv)
     engine.step()
     engine.flip("pp:5,3")
     while engine.has_unfinished():
@@ -262,22 +269,24 @@ def test_warmup_compiles_the_store_path_too(model, tmp_path):
     warm-up itself changed no pooled state."""
     bridge = open_store(model, str(tmp_path))
     engine = make(model, bridge, max_running_requests=2)
-    before = jax.tree.map(np.array, engine.runner.state)  # host copies: warm-up donates pools
+    runner = parts(engine).runner
+    before = jax.tree.map(np.array, runner.state)  # host copies: warm-up donates pools
     engine.warmup()
-    chex.assert_trees_all_equal(before, jax.device_get(engine.runner.state))
-    compiles = engine.compile_count
+    chex.assert_trees_all_equal(before, jax.device_get(runner.state))
+    compiles = engine.stats().compiles
     first = engine.generate([PROMPT], max_new_tokens=4)[0]
     bridge.store.flush()
     second = engine.generate([PROMPT], max_new_tokens=4)[0]
     assert second.cached_tokens == 96 and second.token_ids == first.token_ids
-    assert engine.compile_count == compiles
+    assert engine.stats().compiles == compiles
     bridge.store.close()
 
 
 def test_a_store_with_another_page_size_or_grid_is_refused(model, tmp_path):
     bridge = open_store(model, str(tmp_path))
+    config = FlipjaxConfig.build(dtype="float32", page_size=8)
     with pytest.raises(ValueError, match="page size 16 is not the engine's 8"):
-        Engine(model, ByteTokenizer(), "tiny", jnp.float32, EngineConfig(page_size=8), bridge)
+        Engine(model, ByteTokenizer(), config, name="tiny", prefix_store=bridge)
     with pytest.raises(ValueError, match="64 is not the prefix store's 32"):
         make(model, bridge, gdn_checkpoint_interval=64)
-    assert make(model, bridge, gdn_checkpoint_interval=GRID).gdn_interval == GRID
+    assert make(model, bridge, gdn_checkpoint_interval=GRID).stats().gdn_interval == GRID

@@ -17,6 +17,7 @@ from flipjax import Engine
 from flipjax.model.layers import Linear
 from flipjax.model.weights import WeightsError
 from tests.hf_oracle import make_checkpoint
+from tests.support.internals import params, prompt_logits
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
 
@@ -38,7 +39,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference_logits(checkpoint):
-    return Engine.from_pretrained(checkpoint).prompt_logits(PROMPT)
+    return prompt_logits(Engine.from_pretrained(checkpoint), PROMPT)
 
 
 def _copy(src: str, dst) -> str:
@@ -68,7 +69,7 @@ def test_sharded_checkpoint_loads_the_same(checkpoint, reference_logits, tmp_pat
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     np.testing.assert_array_equal(
-        Engine.from_pretrained(folder).prompt_logits(PROMPT), reference_logits
+        prompt_logits(Engine.from_pretrained(folder), PROMPT), reference_logits
     )
 
 
@@ -76,14 +77,14 @@ def test_mtp_tensors_are_ignored(checkpoint, reference_logits, tmp_path):
     folder = _copy(checkpoint, tmp_path / "mtp")
     _edit_tensors(folder, lambda t: t.update({"mtp.fc.weight": np.ones((4, 4), np.float32)}))
     np.testing.assert_array_equal(
-        Engine.from_pretrained(folder).prompt_logits(PROMPT), reference_logits
+        prompt_logits(Engine.from_pretrained(folder), PROMPT), reference_logits
     )
 
 
 def test_bfloat16_load_keeps_bf16_weights(checkpoint, reference_logits):
     engine = Engine.from_pretrained(checkpoint, dtype="bfloat16")
-    assert {str(x.dtype) for x in jax.tree_util.tree_leaves(engine.params)} == {"bfloat16"}
-    logits = engine.prompt_logits(PROMPT)
+    assert {str(x.dtype) for x in jax.tree_util.tree_leaves(params(engine))} == {"bfloat16"}
+    logits = prompt_logits(engine, PROMPT)
     # bf16 keeps ~3 significant digits; through 4 layers the logits drift by about 0.15 here.
     assert np.abs(logits - reference_logits).max() < 0.25
 
@@ -153,5 +154,5 @@ def test_tied_embeddings(tmp_path):
         want = hf(torch.tensor([PROMPT])).logits[0].numpy()
     assert "lm_head.weight" not in load_file(os.path.join(folder, "model.safetensors"))
     np.testing.assert_allclose(
-        Engine.from_pretrained(folder).prompt_logits(PROMPT), want, atol=1e-4
+        prompt_logits(Engine.from_pretrained(folder), PROMPT), want, atol=1e-4
     )

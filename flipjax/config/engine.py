@@ -171,6 +171,6 @@ class LayoutConfig:
     def __post_init__(self) -> None:
         if self.phase_policy == "auto" and len(self.arm) != 1:
             raise ValueError(
-                f"phase_policy: auto needs exactly one arm layout (the decode layout), "
+                f"phase_policy: auto needs exactly one arm layout (--arm: the decode layout), "
                 f"got {len(self.arm)}"
             )

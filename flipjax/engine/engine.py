@@ -230,7 +230,7 @@ class Engine(CheckpointAPI):
             ),
             pools=frozen(pools | p.caches.usage()),
             prefix=frozen(p.reuse.counters),
-            relief=frozen(sched.counters),
+            scheduling=frozen(sched.counters),
             store={t: frozen(c) for t, c in (store.stats() if store else {}).items()},
             prefix_cache_states=cache.max_states if cache is not None else 0,
             gdn_interval=p.gdn_interval,

@@ -43,7 +43,9 @@ class EngineStats:
     # pages_total, pages_free, pages_requests, pages_cache, and slots_* alike
     pools: Mapping[str, int]
     prefix: Mapping[str, int]  # admissions by where their prefix came from, hit tokens per tier
-    relief: Mapping[str, int]  # relief-ladder steps taken when pages ran short
+    # the scheduler's counters: admitted, prefetch_waits, and each relief-ladder step taken when
+    # pages ran short (unforked, parked, throttled, evicted, retracted)
+    scheduling: Mapping[str, int]
     store: Mapping[str, Mapping[str, int]]  # the KV store's counters by tier; {} without one
     prefix_cache_states: int  # GDN states the device prefix cache may keep (0: it is off)
     gdn_interval: int  # tokens between cached GDN states
