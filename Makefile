@@ -48,6 +48,7 @@ serve: $(VENV)/.installed cxx
 
 test: $(VENV)/.installed-test redis-server cxx
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
 	timeout -k 30 $(TEST_RUN_LIMIT_S) $(PY) -m pytest -q -n auto --dist loadfile --durations=15 \
 	  --max-worker-restart=0 $(PYTEST_ARGS)

@@ -19,9 +19,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ("flipjax", "kernels_pallas", "sharding", "store", "serve")
 PROJECT = set(PACKAGES)
 ENTRY_POINTS = {
-    "flipjax/__init__.py", "flipjax/serve.py", "flipjax/ckpt.py", "flipjax/bench.py",
+    "flipjax/__init__.py",
+    "flipjax/serve.py",
+    "flipjax/ckpt.py",
+    "flipjax/bench.py",
     "kernels_pallas/check.py",
-}  # fmt: skip
+}
 MAX_LINES = 300
 
 
@@ -110,12 +113,30 @@ def test_a_lower_layer_imports_without_the_layers_above():
 # Engine's whole public API, grouped by concern as the README's table lists it (a table that
 # reads better packed).
 ENGINE_API = {
-    "from_pretrained", "info", "stats", "last_step",
-    "add_request", "step", "has_unfinished", "progress", "abort", "generate",
-    "flip", "arm", "follow",
-    "checkpoint", "branch", "rewind", "list_checkpoints", "delete_checkpoint", "session",
-    "check", "warmup", "flush_prefix_cache", "close",
-}  # fmt: skip
+    "from_pretrained",
+    "info",
+    "stats",
+    "last_step",
+    "add_request",
+    "step",
+    "has_unfinished",
+    "progress",
+    "abort",
+    "generate",
+    "flip",
+    "arm",
+    "follow",
+    "checkpoint",
+    "branch",
+    "rewind",
+    "list_checkpoints",
+    "delete_checkpoint",
+    "session",
+    "check",
+    "warmup",
+    "flush_prefix_cache",
+    "close",
+}
 ENGINE_INSIDE = ("flipjax/engine/",)
 TEST_DOOR = "tests/support/internals.py"
 
@@ -163,3 +184,39 @@ def test_nothing_outside_the_engine_reaches_into_it():
             ):
                 reached.append(f"{rel}:{node.lineno} .{node.attr}")
     assert not reached, "private engine names used outside the engine:\n" + "\n".join(reached)
+
+
+TEST_FOLDERS = {"model", "runtime", "engine", "sharding", "store", "serve", "kernels"}
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
+def test_tests_sit_by_layer_and_import_only_support():
+    """Test modules live in the folder of the layer they test, with unique names (pytest imports
+    them by basename), and share code only through `tests/support`, never by importing each
+    other."""
+    tests = ROOT / "tests"
+    modules = sorted(tests.rglob("test_*.py"))
+    names = [p.name for p in modules]
+    assert len(names) == len(set(names)), "two test modules share a name"
+    misplaced = [
+        p.relative_to(tests).as_posix()
+        for p in modules
+        if p.parent.name not in TEST_FOLDERS and p.name != "test_architecture.py"
+    ]
+    assert not misplaced, f"test modules outside a layer folder: {misplaced}"
+    crossing = []
+    for p in modules + sorted((tests / "support").glob("*.py")):
+        for line, name in imported_modules(ast.parse(p.read_text())):
+            parts = name.split(".")
+            if parts[0].startswith("test_") or (parts[0] == "tests" and parts[1:2] != ["support"]):
+                crossing.append(f"{p.relative_to(ROOT)}:{line} imports {name}")
+    assert not crossing, "\n".join(crossing)
