@@ -236,7 +236,9 @@ class EngineLoop:
             self._pilot(self.autopilot)
         for out in finished:
             req = self._live.pop(out.request_id, None)
-            if req is not None:
+            if req is not None and out.error is not None:  # its own fault: it alone fails
+                req.notify(Update(out.request_id, [], error=out.error))
+            elif req is not None:
                 req.notify(Update(out.request_id, [], output=out))
         for rid, req in self._live.items():
             progress = self.engine.progress(rid, req.sent)

@@ -8,18 +8,13 @@ cluster is a 503 for everything after it.
 
 from __future__ import annotations
 
-import logging
-import traceback
-import uuid
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from flipjax.engine.faults import describe_fault
 from flipjax.runtime.multihost import ProcessLost
 from serve.engine_loop import LoopDead
-
-log = logging.getLogger("flipjax.serve")
 
 
 class APIError(Exception):
@@ -44,10 +39,7 @@ def refusal(err: Exception) -> APIError:
 
 def internal_error(stage: str, err: Exception) -> APIError:
     """A 500 for one request, with a reference that finds its stack in the server's log."""
-    ref = f"err-{uuid.uuid4().hex[:12]}"
-    log.error("%s failed (%s): %s", stage, ref, "".join(traceback.format_exception(err)))
-    message = f"internal error while {stage} (reference {ref}): {type(err).__name__}: {err}"
-    return APIError(500, message, None, "internal_error")
+    return APIError(500, describe_fault(stage, err), None, "internal_error")
 
 
 def error_response(status: int, message: str, param: str | None, kind: str) -> JSONResponse:

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from flipjax.engine.engine import Output
+from flipjax.engine.faults import STAGES as FAULT_STAGES
 from flipjax.engine.stats import EngineStats
 
 TIERS = ("device", "host", "disk", "remote")
@@ -77,6 +78,12 @@ class Metrics:
             "flipjax:relief_steps",
             "Relief-ladder steps taken when pages ran short",
             ["step"],
+            registry=r,
+        )
+        self.faults = Counter(
+            "flipjax:request_faults",
+            "Requests failed by a fault in their own work (the others went on), by stage",
+            ["stage"],
             registry=r,
         )
         self.store = Counter(
@@ -149,6 +156,8 @@ class Metrics:
         self._advance(self.prefix_misses, prefix.get("misses", 0))
         for step in RELIEF_STEPS:
             self._advance(self.relief.labels(step), stats.scheduling.get(step, 0))
+        for stage in FAULT_STAGES:
+            self._advance(self.faults.labels(stage), stats.faults.get(stage, 0))
         for tier, counters in stats.store.items():
             for event, total in counters.items():
                 if event == "available":

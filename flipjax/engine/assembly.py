@@ -111,7 +111,7 @@ def assemble(
         caches=Caches(allocator, prefix_cache, reuse, moves_state),
         requests=Requests(tokenizer, cfg.vocab_size, max_len, scheduler),
         stepper=stepper,
-        overlap=Overlap(stepper, scheduler, runner, reuse, ec.overlap),
+        overlap=Overlap(stepper, scheduler, runner, ec.overlap),
         sessions=Sessions(checkpoints, interval),
         reference=ContiguousForward(graphdef, cfg, dtype),
     )

@@ -128,6 +128,7 @@ class Engine(CheckpointAPI):
             return outputs
         outputs += [self._finish(s) for s in p.overlap.drain()]
         plan = p.scheduler.schedule()
+        outputs += [self._finish(s) for s in p.scheduler.take_faulted()]
         outputs += [self._finish(s) for s in p.stepper.run(plan, p.overlap)]
         prefill = sum(c.length for c in plan.prefill)
         seconds = time.perf_counter() - t0
@@ -231,6 +232,7 @@ class Engine(CheckpointAPI):
             pools=frozen(pools | p.caches.usage()),
             prefix=frozen(p.reuse.counters),
             scheduling=frozen(sched.counters),
+            faults=frozen(sched.faults.counters),
             store={t: frozen(c) for t, c in (store.stats() if store else {}).items()},
             prefix_cache_states=cache.max_states if cache is not None else 0,
             gdn_interval=p.gdn_interval,
@@ -281,6 +283,8 @@ class Engine(CheckpointAPI):
     def _finish(self, seq: Sequence) -> Output:
         p = self._parts
         p.requests.finish(seq)
+        if seq.error is not None:  # its text may be what failed; a failed turn is not recorded
+            return build_output(seq, "")
         text = final_text(seq, self.info.tokenizer)
         p.sessions.record_turn(seq, text)
         return build_output(seq, text)

@@ -23,13 +23,14 @@ class Output:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str  # "stop", "length" or "abort"
+    finish_reason: str  # "stop", "length", "abort" or "error" (then `error` says why)
     logprobs: list[TokenLogprob] | None
     ttft_s: float | None  # arrival to first token
     e2e_s: float  # arrival to finish
     cached_tokens: int = 0  # prompt tokens taken from the prefix store, not computed
     # With prompt logprobs: one per prompt token, None for the first (nothing precedes it).
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    error: str | None = None  # a fault in this request's own work: it failed, the others not
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def build_output(seq: Sequence, text: str) -> Output:
         e2e_s=seq.finish_time - seq.arrival_time,
         cached_tokens=seq.cached_tokens,
         prompt_logprobs=prompt_logprobs(seq),
+        error=seq.error,
     )
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import jax
 
-from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.scheduler import Scheduler, StepPlan
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.step import Stepper
@@ -49,13 +48,11 @@ class Overlap:
         stepper: Stepper,
         scheduler: Scheduler,
         runner: ModelRunner,
-        reuse: PrefixReuse,
         enabled: bool,
     ):
         self.stepper = stepper
         self.scheduler = scheduler
         self.runner = runner
-        self.reuse = reuse
         self.enabled = enabled
         self.pending: Pending | None = None
         self.steps = 0  # decode steps dispatched ahead of their input ids
@@ -87,7 +84,8 @@ class Overlap:
             s.num_computed += 1
         finished = self.drain()
         for s in seqs:  # now that the id fed is known, its page can be published
-            self.reuse.publish(s, s.num_computed - 1)
+            if s.error is None and not self.stepper.publish(s, s.num_computed - 1):
+                finished.append(s)
         live = [None if s.finish_reason is not None else s for s in seqs]
         if any(s is not None for s in live):
             self.pending = Pending(live, self.stepper.launch(logits, live))

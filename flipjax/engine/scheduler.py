@@ -17,11 +17,13 @@ When pages run short the scheduler climbs a relief ladder, counting every step:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from flipjax.engine.faults import Faults
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.sequence import Sequence, Status
 from flipjax.runtime.allocator import Allocator
@@ -61,6 +63,7 @@ class Scheduler:
         on_admit: Callable[[Sequence], None] | None = None,
         prefix_cache: RadixCache | None = None,
         prefetch_wait_s: float = 0.0,
+        faults: Faults | None = None,
     ):
         self.allocator = allocator
         self.pages = allocator.pages  # read only: the allocator changes who holds what
@@ -77,6 +80,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: newest last
         self.counters: Counter[str] = Counter()
+        self.faults = faults if faults is not None else Faults()
+        self._faulted: list[Sequence] = []  # failed while admitted, for the engine to finish
 
     def add(self, seq: Sequence) -> None:
         if 1 + len(seq.forks) > self.max_running_requests:
@@ -133,6 +138,12 @@ class Scheduler:
         parent.forks = []
         return forked
 
+    def take_faulted(self) -> list[Sequence]:
+        """The requests that failed while being admitted, since the last call (freed
+        already; the engine answers them)."""
+        faulted, self._faulted = self._faulted, []
+        return faulted
+
     def finish(self, seq: Sequence) -> None:
         """Free a finished (or aborted) request's pages and slot at once."""
         self.allocator.free(seq)
@@ -183,7 +194,11 @@ class Scheduler:
             self.running.append(seq)
             self.counters["admitted"] += 1
             if self.on_admit is not None:
-                self.on_admit(seq)
+                self.faults.guard(seq, "admitting", functools.partial(self.on_admit, seq))
+                if seq.error is not None:
+                    self.finish(seq)
+                    self._faulted.append(seq)
+                    continue
             budget -= self._chunks(seq, budget, plan)
         return plan
 

@@ -55,6 +55,7 @@ class Sequence:
     parent: Sequence | None = None
     status: Status = Status.WAITING
     finish_reason: str | None = None
+    error: str | None = None  # why it failed, when its finish_reason is "error"
     text: str = ""
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

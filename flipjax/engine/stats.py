@@ -46,6 +46,7 @@ class EngineStats:
     # the scheduler's counters: admitted, prefetch_waits, and each relief-ladder step taken when
     # pages ran short (unforked, parked, throttled, evicted, retracted)
     scheduling: Mapping[str, int]
+    faults: Mapping[str, int]  # requests failed by a fault in their own work, by stage
     store: Mapping[str, Mapping[str, int]]  # the KV store's counters by tier; {} without one
     prefix_cache_states: int  # GDN states the device prefix cache may keep (0: it is off)
     gdn_interval: int  # tokens between cached GDN states

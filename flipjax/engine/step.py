@@ -16,6 +16,7 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
+from flipjax.engine.faults import Faults
 from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.scheduler import Scheduler, StepPlan
 from flipjax.engine.sequence import Sequence, TokenLogprob
@@ -51,6 +52,7 @@ class Stepper:
         self.reuse = reuse
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.faults: Faults = scheduler.faults
 
     def run(self, plan: StepPlan, overlap: RunsAhead | None = None) -> list[Sequence]:
         """Run `plan`; returns the requests that finished. With `overlap`, a steady decode
@@ -67,7 +69,9 @@ class Stepper:
                 logits, scores = self.runner.run([row], False, pow2_bucket(k) if k else 0)
                 record_prompt_logprobs(seq, c.start, jax.device_get(scores), k)
             seq.num_computed += c.length
-            self.reuse.publish(seq, c.start)
+            if not self.publish(seq, c.start):
+                finished.append(seq)
+                continue
             if not c.completes_prompt:
                 continue
             group = [seq, *self.scheduler.release_forks(seq, self.reuse.fork)]
@@ -88,21 +92,36 @@ class Stepper:
             logits = self.runner.run(rows, decode=True)
             for s in plan.decode:
                 s.num_computed += 1
-                self.reuse.publish(s, s.num_computed - 1)
-            if overlap is not None and overlap.launchable(plan):
+                self.publish(s, s.num_computed - 1)
+            failed = [s for s in plan.decode if s.error is not None]
+            finished += failed
+            if not failed and overlap is not None and overlap.launchable(plan):
                 overlap.launch(logits, plan.decode)  # its ids are taken in next step
             else:
-                finished += self.sample(logits, list(plan.decode))
+                rows = [None if s.error is not None else s for s in plan.decode]
+                finished += self.sample(logits, rows)
         return finished
 
-    def sample(self, logits: jax.Array, seqs: list[Sequence]) -> list[Sequence]:
-        """Draw one token per row of `seqs` and append it; returns the rows that finished."""
-        return self.accept(jax.device_get(self.launch(logits, seqs)), seqs)
+    def publish(self, seq: Sequence, start: int) -> bool:
+        """Publish `seq`'s pages computed from `start`; False if that failed it."""
+        self.faults.guard(seq, "publishing", functools.partial(self.reuse.publish, seq, start))
+        return seq.error is None
+
+    def sample(self, logits: jax.Array, seqs: SeqRows) -> list[Sequence]:
+        """Draw one token per row of `seqs` (None: a row to skip) and append it; returns the
+        rows that finished, or failed."""
+        out = self.launch(logits, seqs)
+        return self.accept(jax.device_get(out), seqs)
 
     def launch(self, logits: jax.Array, seqs: SeqRows) -> SamplerOutputs:
         """Dispatch drawing one token per row of `seqs` (None: a row to skip); the outputs
-        stay on device."""
-        rows = [None if s is None else self._row(s) for s in seqs]
+        stay on device. A row whose sampler input fails fails its request, and is skipped."""
+        rows = [
+            None
+            if s is None or s.error is not None
+            else self.faults.guard(s, "sampling", functools.partial(self._row, s))
+            for s in seqs
+        ]
         return self.runner.launch_sample(logits, rows)
 
     def accept(self, out: SamplerOutputs, seqs: SeqRows) -> list[Sequence]:
@@ -112,22 +131,27 @@ class Stepper:
         for i, seq in enumerate(seqs):
             if seq is None:
                 continue
-            n = seq.params.logprobs
-            lp = None
-            if n is not None:
-                top = list(
-                    zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(), strict=True)
-                )
-                lp = TokenLogprob(int(out.tokens[i]), float(out.logprob[i]), top)
-            token = int(out.tokens[i])
-            if seq.grammar is not None:
-                seq.grammar.accept(token)
-            append_token(seq, token, lp, self.tokenizer, self.max_model_len)
-            if seq.grammar is not None and seq.grammar.done and seq.finish_reason is None:
-                seq.finish_reason = "stop"  # complete, and the model has no stop token
+            if seq.error is None:
+                self.faults.guard(seq, "detokenizing", functools.partial(self._take, seq, out, i))
             if seq.finish_reason is not None:
                 finished.append(seq)
         return finished
+
+    def _take(self, seq: Sequence, out: SamplerOutputs, i: int) -> None:
+        """Append row `i`'s token to `seq`: its grammar, logprobs, text and stops."""
+        n = seq.params.logprobs
+        lp = None
+        if n is not None:
+            top = list(
+                zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(), strict=True)
+            )
+            lp = TokenLogprob(int(out.tokens[i]), float(out.logprob[i]), top)
+        token = int(out.tokens[i])
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
+        append_token(seq, token, lp, self.tokenizer, self.max_model_len)
+        if seq.grammar is not None and seq.grammar.done and seq.finish_reason is None:
+            seq.finish_reason = "stop"  # complete, and the model has no stop token
 
     def _row(self, seq: Sequence) -> SamplerRow:
         """The sampler's view of `seq`: its parameters, its bias (logit_bias, plus EOS and the

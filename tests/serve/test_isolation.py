@@ -18,8 +18,10 @@ import pytest
 import uvicorn
 
 from flipjax import Engine
+from flipjax.engine.sequence import Sequence
+from flipjax.engine.step import Stepper
 from serve.app import create_app
-from tests.support.servers import free_port
+from tests.support.servers import free_port, metric
 
 STREAM = {
     "model": "tiny",
@@ -102,6 +104,37 @@ def test_an_admission_that_raises_fails_only_its_request(served, monkeypatch):
     again = httpx.post(f"{served.base}/v1/completions", json={**body, "prompt": "x"}, timeout=60)
     assert again.status_code == 200
     served.engine.check()
+
+
+def test_a_fault_in_a_step_fails_only_its_request(served, monkeypatch):
+    """A request whose sampler row raises mid-decode is a 500 with a reference; the stream
+    decoding in the same batches ends with its solo text, and the fault is counted."""
+    solo, _ = _stream(served.base)
+    row = Stepper._row
+
+    def poisoned(stepper: Stepper, seq: Sequence):
+        if seq.params.seed == 4242 and len(seq.output_ids) >= 2:
+            raise RuntimeError("injected sampler fault")
+        return row(stepper, seq)
+
+    monkeypatch.setattr(Stepper, "_row", poisoned)
+    first = threading.Event()
+    beside: list[tuple[str, str | None]] = []
+    stream = threading.Thread(target=lambda: beside.append(_stream(served.base, first)))
+    stream.start()
+    assert first.wait(60)
+    body = {"model": "tiny", "prompt": "poison", "max_tokens": 8, "seed": 4242}
+    r = httpx.post(f"{served.base}/v1/completions", json=body, timeout=60)
+    stream.join(timeout=120)
+    assert r.status_code == 500
+    message = r.json()["error"]["message"]
+    assert "while sampling" in message and "injected sampler fault" in message
+    assert "reference err-" in message
+    assert beside == [(solo, None)]
+    assert metric(served.base, 'flipjax:request_faults_total{stage="sampling"}') == 1
+    assert httpx.get(f"{served.base}/health", timeout=30).status_code == 200
+    served.engine.check()
+    assert served.engine.stats().pools["pages_requests"] == 0
 
 
 def test_a_dead_engine_loop_is_a_503_and_ends_the_process(served, monkeypatch):
