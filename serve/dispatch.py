@@ -60,6 +60,7 @@ class Dispatcher:
             chat=request.chat,
             n=request.n,
             grammar=request.grammar,
+            cache_salt=request.cache_salt,
         )
 
     def apply(self, message: m.Message) -> Any:

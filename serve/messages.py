@@ -29,6 +29,7 @@ class NewRequest:
     chat: list[dict[str, str]] | None = None
     n: int = 1
     grammar: TokenConstraint | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 import numpy as np
 
 from store.entry import Kind
-from store.keys import page_keys
+from store.keys import page_keys, salted_root
 from store.payload import PayloadLayout
 from store.prefix import FetchedPrefix, Prefetch
 from store.tiered import ORDER, TieredStore
@@ -24,25 +24,25 @@ class KeyChains:
     """Recently computed key chains, so that publishing page n of a growing sequence hashes the
     new pages only: without it every publish rehashes the whole prefix (quadratic in length)."""
 
-    def __init__(self, root: bytes, page_size: int, capacity: int = 64):
-        self.root = root
+    def __init__(self, page_size: int, capacity: int = 64):
         self.page_size = page_size
         self.capacity = capacity
-        self._chains: OrderedDict[bytes, list[bytes]] = OrderedDict()  # token bytes -> keys
+        self._chains: OrderedDict[bytes, list[bytes]] = OrderedDict()  # root + tokens -> keys
         self.hashed_pages = 0  # pages hashed so far, for tests and stats
 
-    def keys(self, token_ids: list[int], pages: int, resume: int) -> list[bytes]:
-        """Keys of the first `pages` full pages, continuing a cached chain of `resume` pages
-        when there is one."""
+    def keys(self, root: bytes, token_ids: list[int], pages: int, resume: int) -> list[bytes]:
+        """Keys of the first `pages` full pages under `root`, continuing a cached chain of
+        `resume` pages when there is one."""
         ps = self.page_size
         ids = np.asarray(token_ids[: pages * ps], np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= 2**32):
             raise ValueError("token_ids: every id must fit in uint32")
-        raw = ids.astype("<u4").tobytes()
+        raw = root + ids.astype("<u4").tobytes()
         hit = self._chains.get(raw)
         if hit is None:
-            known = self._chains.get(raw[: resume * ps * 4], []) if resume else []
-            parent = known[-1] if known else self.root
+            start = len(root) + resume * ps * 4
+            known = self._chains.get(raw[:start], []) if resume else []
+            parent = known[-1] if known else root
             tail = page_keys(parent, token_ids[len(known) * ps : pages * ps], ps)
             self.hashed_pages += len(tail)
             hit = known + tail
@@ -60,14 +60,16 @@ class StoreBridge:
         self.sync_reads = sync_reads
         self.page_size = store.page_size
         self.gdn_interval = store.gdn_interval
-        self._chains = KeyChains(store.root, store.page_size)
+        self._chains = KeyChains(store.page_size)
         # Entries that verified but do not have this model's payload shape: a miss each, never
         # an error in the engine's seeding.
         self.bad_payloads = 0
 
-    def fetch(self, token_ids: list[int], start: int = 0) -> FetchedPrefix | None:
+    def fetch(
+        self, token_ids: list[int], start: int = 0, salt: str | None = None
+    ) -> FetchedPrefix | None:
         resident = not self.sync_reads
-        found = self.store.lookup(token_ids, resident=resident)
+        found = self.store.lookup(token_ids, resident, salted_root(self.store.root, salt))
         if found.tokens <= start:
             return None
         pages, tiers = [], set()
@@ -90,26 +92,36 @@ class StoreBridge:
         where = max(tiers, key=ORDER.index)
         return FetchedPrefix(found.tokens, np.stack(pages), rec, conv, start, where)
 
-    def prefetch(self, token_ids: list[int]) -> Prefetch | None:
+    def prefetch(self, token_ids: list[int], salt: str | None = None) -> Prefetch | None:
         if self.sync_reads or (self.store.disk is None and self.store.remote is None):
             return None
-        return self.store.prefetch(token_ids)
+        return self.store.prefetch(token_ids, salted_root(self.store.root, salt))
 
     def stats(self) -> dict[str, dict[str, int]]:
         out = self.store.stats()
         out["store"]["bad_payloads"] = self.bad_payloads
         return out
 
-    def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
-        keys = self._chains.keys(token_ids, first_page + len(kv), resume=first_page)
+    def publish_pages(
+        self, token_ids: list[int], first_page: int, kv: np.ndarray, salt: str | None = None
+    ) -> None:
+        root = salted_root(self.store.root, salt)
+        keys = self._chains.keys(root, token_ids, first_page + len(kv), resume=first_page)
         for key, page in zip(keys[first_page:], kv, strict=True):
             self.store.put(key, Kind.KV_PAGE, self.layout.encode_kv(page))
 
-    def publish_state(self, token_ids: list[int], recurrent: np.ndarray, conv: np.ndarray) -> None:
+    def publish_state(
+        self,
+        token_ids: list[int],
+        recurrent: np.ndarray,
+        conv: np.ndarray,
+        salt: str | None = None,
+    ) -> None:
         if len(token_ids) % self.gdn_interval:
             raise ValueError(
                 f"gdn anchor: {len(token_ids)} tokens is not on the {self.gdn_interval} grid"
             )
         pages = len(token_ids) // self.page_size
-        key = self._chains.keys(token_ids, pages, resume=pages)[-1]
+        root = salted_root(self.store.root, salt)
+        key = self._chains.keys(root, token_ids, pages, resume=pages)[-1]
         self.store.put(key, Kind.GDN_ANCHOR, self.layout.encode_gdn(recurrent, conv))

@@ -76,6 +76,13 @@ def root_key(identity: ModelIdentity, salt: str | bytes | None = None) -> bytes:
     return _digest(_ROOT_TAG, identity.digest(), salt_bytes)
 
 
+def salted_root(root: bytes, salt: str | None) -> bytes:
+    """The chain root for requests carrying `salt` (a tenant's `cache_salt`): their keys share
+    nothing with another salt's, or with unsalted ones, so no tenant can find another's
+    prefixes or learn from a hit that they exist."""
+    return root if salt is None else _digest(_ROOT_TAG, root, salt.encode())
+
+
 def page_keys(root: bytes, token_ids: list[int], page_size: int) -> list[bytes]:
     """Keys of every full page of `token_ids`, in order; a partial last page has none."""
     ids = np.asarray(token_ids, dtype=np.int64)

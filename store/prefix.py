@@ -38,19 +38,32 @@ class PrefixStore(Protocol):
     page_size: int
     gdn_interval: int
 
-    def fetch(self, token_ids: list[int], start: int = 0) -> FetchedPrefix | None:
+    # `salt` (a tenant's cache salt) keys a chain of its own: a salted prefix is found only
+    # with the same salt.
+
+    def fetch(
+        self, token_ids: list[int], start: int = 0, salt: str | None = None
+    ) -> FetchedPrefix | None:
         """The deepest usable prefix of `token_ids` in host memory if it is longer than `start`
         tokens, fully verified (only pages from `start` on are read), or None. It never waits
         on a disk or the network."""
 
-    def prefetch(self, token_ids: list[int]) -> Prefetch | None:
+    def prefetch(self, token_ids: list[int], salt: str | None = None) -> Prefetch | None:
         """Start bringing the stored prefix of `token_ids` into host memory (None: nothing to
         bring, every entry is in host memory already)."""
 
-    def publish_pages(self, token_ids: list[int], first_page: int, kv: np.ndarray) -> None:
+    def publish_pages(
+        self, token_ids: list[int], first_page: int, kv: np.ndarray, salt: str | None = None
+    ) -> None:
         """Store full pages `first_page...` of `token_ids` (kv holds one entry per page)."""
 
-    def publish_state(self, token_ids: list[int], recurrent: np.ndarray, conv: np.ndarray) -> None:
+    def publish_state(
+        self,
+        token_ids: list[int],
+        recurrent: np.ndarray,
+        conv: np.ndarray,
+        salt: str | None = None,
+    ) -> None:
         """Store the GDN state after the last of `token_ids` (a grid position)."""
 
     def stats(self) -> dict[str, dict[str, int]]:

@@ -43,11 +43,14 @@ class TieredPrefixes:
     def _count(self, name: str, n: int = 1) -> None:
         raise NotImplementedError
 
-    def lookup(self, token_ids: list[int], resident: bool = False) -> Lookup:
+    def lookup(
+        self, token_ids: list[int], resident: bool = False, root: bytes | None = None
+    ) -> Lookup:
         """The usable prefix of `token_ids` under the hybrid rule, and the keys to fetch it:
-        in host memory when `resident`, else in any tier (the remote one asked in one batch)."""
+        in host memory when `resident`, else in any tier (the remote one asked in one batch).
+        `root` is the key chain's (a salted one; the store's own by default)."""
         self._count("lookups")
-        keys = page_keys(self.root, token_ids, self.page_size)
+        keys = page_keys(self.root if root is None else root, token_ids, self.page_size)
         remote = self.remote if not resident else None
         elsewhere: set[Name] = set()
         if remote is not None:
@@ -80,26 +83,28 @@ class TieredPrefixes:
         pages = num_tokens // self.page_size
         return [i for i in range(pages) if is_grid_page(i, self.page_size, self.gdn_interval)]
 
-    def prefetch(self, token_ids: list[int]) -> Prefetch:
+    def prefetch(self, token_ids: list[int], root: bytes | None = None) -> Prefetch:
         """Find the stored prefix of `token_ids` and bring what the host lacks into it, in the
         background; the ticket is done when the entries are there (or could not be)."""
         ticket = Prefetch()
         found = None
         if self.remote is None:  # the local indexes answer at once; only reads go to the worker
-            found = self.lookup(token_ids)
+            found = self.lookup(token_ids, root=root)
             ticket.tokens = found.tokens
             if all(self.host.contains(*n) for n in found.wanted()):
                 ticket.done.set()
                 return ticket
-        if not self.reads.submit(lambda: self._prefetch(list(token_ids), ticket, found)):
+        if not self.reads.submit(lambda: self._prefetch(list(token_ids), ticket, found, root)):
             ticket.done.set()
         return ticket
 
-    def _prefetch(self, token_ids: list[int], ticket: Prefetch, found: Lookup | None) -> None:
+    def _prefetch(
+        self, token_ids: list[int], ticket: Prefetch, found: Lookup | None, root: bytes | None
+    ) -> None:
         """On the read worker: look up in every tier (unless the caller did), then promote
         what the host lacks."""
         try:
-            found = found if found is not None else self.lookup(token_ids)
+            found = found if found is not None else self.lookup(token_ids, root=root)
             lowers = [(n, t) for n, t in (("disk", self.disk), ("remote", self.remote)) if t]
             promoted, _ = promote(found.wanted(), self.host, lowers, self.origins)
             with self._lock:

@@ -19,6 +19,7 @@ from flipjax.engine.checkpoint_api import CheckpointAPI
 from flipjax.engine.loader import load, model_fingerprint
 from flipjax.engine.outputs import Output, Progress, StepStats, build_output, final_text
 from flipjax.engine.outputs import prompt_logprobs as prompt_logprobs_of
+from flipjax.engine.requests import check_salt
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.stats import EngineInfo, EngineStats, frozen
 from flipjax.model.dtypes import parse_dtype
@@ -94,17 +95,21 @@ class Engine(CheckpointAPI):
         chat: list[dict[str, str]] | None = None,
         n: int = 1,
         grammar: TokenConstraint | None = None,
+        cache_salt: str | None = None,
     ) -> str:
         """Queue a request; returns its id. Refusals raise ValueError and queue nothing. With
         `session_id` it is the session's next turn (after its tokens, unless the prompt was
         rendered from the whole conversation `chat`). `n` choices share one prefill
-        (`progress(...).choices` has their ids); `grammar` constrains every token."""
+        (`progress(...).choices` has their ids); `grammar` constrains every token. Requests
+        with a `cache_salt` (a tenant's) reuse prefixes only from requests with the same one."""
         self._check_open()
         p = self._parts
         params = sampling if sampling is not None else SamplingParams.greedy()
         ids = p.sessions.context(session_id, chat) + p.requests.encode(prompt)
         seed = params.seed if params.seed is not None else secrets.randbits(32)
+        check_salt(cache_salt)
         seq = Sequence("", ids, params, 0, seed, session_id=session_id, chat=chat, grammar=grammar)
+        seq.cache_salt = cache_salt
         return p.requests.enqueue(seq, params, max_new_tokens, request_id, n)
 
     def has_unfinished(self) -> bool:

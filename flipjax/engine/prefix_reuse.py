@@ -68,7 +68,7 @@ class PrefixReuse:
         tokens, tier = 0, None
         cache = self.cache
         if cache is not None:
-            match = cache.match(known)
+            match = cache.match(known, seq.cache_salt)
             if match.tokens:
                 # Swap the page reserved at admission for the cached ones, then one to grow into.
                 self.scheduler.allocator.adopt(seq, match.pages)
@@ -76,7 +76,7 @@ class PrefixReuse:
                 self._copy_state(match.slot, seq.slot)
                 tokens, tier = match.tokens, "device"
         store = self.store
-        found = store.fetch(known, tokens) if store is not None else None
+        found = store.fetch(known, tokens, seq.cache_salt) if store is not None else None
         if found is not None and self.scheduler.reserve(seq, found.tokens):
             ps = self.page_size
             pages = seq.pages[tokens // ps : found.tokens // ps]
@@ -96,7 +96,7 @@ class PrefixReuse:
         store = self.store
         if store is None or self._paused or seq.params.prompt_logprobs is not None:
             return
-        seq.prefetch = store.prefetch(seq.all_ids[:-1])
+        seq.prefetch = store.prefetch(seq.all_ids[:-1], seq.cache_salt)
         if seq.prefetch is not None:
             self.counters["prefetches"] += 1
 
@@ -112,7 +112,7 @@ class PrefixReuse:
             return
         ps = self.page_size
         start = seq.num_computed // ps * ps
-        found = store.fetch(seq.all_ids[:-1], start)
+        found = store.fetch(seq.all_ids[:-1], start, seq.cache_salt)
         if found is None or found.tokens <= seq.num_computed:
             self.counters["catch_up_misses"] += 1
             return
@@ -133,21 +133,23 @@ class PrefixReuse:
         and the prefix store."""
         if self._paused:
             return
-        cache, store = self.cache, self.store
+        cache, store, salt = self.cache, self.store, seq.cache_salt
         ps, end = self.page_size, seq.num_computed
         first, last = start // ps, end // ps
         on_grid = end > start and end % self.interval == 0
         if cache is not None and last > first:
-            cache.insert(seq.all_ids[: last * ps], seq.pages[:last])
+            cache.insert(seq.all_ids[: last * ps], seq.pages[:last], salt)
         if cache is not None and on_grid:
-            cache.add_state(seq.all_ids[:end], functools.partial(self._copy_state, seq.slot))
+            copy = functools.partial(self._copy_state, seq.slot)
+            cache.add_state(seq.all_ids[:end], copy, salt)
         if store is None:
             return
         if last > first:
-            store.publish_pages(seq.all_ids, first, self.runner.read_pages(seq.pages[first:last]))
+            kv = self.runner.read_pages(seq.pages[first:last])
+            store.publish_pages(seq.all_ids, first, kv, salt)
         if on_grid:
             rec, conv = self.runner.read_slot(seq.slot)
-            store.publish_state(seq.all_ids[:end], rec, conv)
+            store.publish_state(seq.all_ids[:end], rec, conv, salt)
 
     def fork(self, parent: Sequence, child: Sequence) -> bool:
         """Start `child` exactly where `parent` is, its prompt computed: the parent's full pages

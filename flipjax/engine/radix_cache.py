@@ -55,7 +55,9 @@ class RadixCache:
         self.page_size = page_size
         self.interval = interval
         self.max_states = max_states
-        self.root = Node((), -1, None, 0)
+        # A tree per tenant salt (None: unsalted requests), so that no salt finds another's
+        # prefixes; a salt's tree goes once its last page is dropped.
+        self.roots: dict[str | None, Node] = {}
         self.num_pages = 0
         self.num_states = 0
         self.counters: Counter[str] = Counter()
@@ -63,9 +65,10 @@ class RadixCache:
 
     # -- lookups --------------------------------------------------------------------------------
 
-    def match(self, token_ids: list[int]) -> Match:
-        """The deepest usable cached prefix of `token_ids`; marks its path recently used."""
-        path = self._path(token_ids)
+    def match(self, token_ids: list[int], salt: str | None = None) -> Match:
+        """The deepest usable cached prefix of `token_ids` (among requests with the same
+        `salt`); marks its path recently used."""
+        path = self._path(token_ids, salt)
         tokens = usable_prefix(
             len(path),
             self.page_size,
@@ -83,11 +86,12 @@ class RadixCache:
 
     # -- inserting ------------------------------------------------------------------------------
 
-    def insert(self, token_ids: list[int], pages: list[int]) -> int:
+    def insert(self, token_ids: list[int], pages: list[int], salt: str | None = None) -> int:
         """Cache the full pages of `token_ids`, where `pages[i]` holds page i. Pages already
         cached under the same tokens stay as they are. Returns the number of pages added."""
         ps = self.page_size
-        node, path, added = self.root, [], 0
+        node = self.roots.setdefault(salt, Node((), -1, None, 0))
+        path, added = [], 0
         for i in range(min(len(pages), len(token_ids) // ps)):
             key = tuple(token_ids[i * ps : (i + 1) * ps])
             child = node.children.get(key)
@@ -102,13 +106,15 @@ class RadixCache:
         self._touch(path)
         return added
 
-    def add_state(self, token_ids: list[int], copy_into: Callable[[int], None]) -> bool:
+    def add_state(
+        self, token_ids: list[int], copy_into: Callable[[int], None], salt: str | None = None
+    ) -> bool:
         """Keep the GDN state after `token_ids` (a grid position whose pages are cached):
         `copy_into(slot)` copies it into a cache slot. False when it cannot be kept."""
         pages = len(token_ids) // self.page_size
         if len(token_ids) % self.interval or not pages:
             raise ValueError(f"gdn state: {len(token_ids)} tokens is not on the grid")
-        path = self._path(token_ids)
+        path = self._path(token_ids, salt)
         if len(path) < pages:
             return False  # the pages were not cached (or were evicted meanwhile)
         node = path[-1]
@@ -141,7 +147,7 @@ class RadixCache:
             parent = node.parent
             self._drop(node)
             freed += 1
-            if parent is not None and parent is not self.root and self._evictable(parent):
+            if parent is not None and parent.parent is not None and self._evictable(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         self.counters["evicted_pages"] += freed
         return freed
@@ -164,7 +170,7 @@ class RadixCache:
             if node.slot is not None:
                 self._release_state(node)
             self.allocator.release_page(node.page, OWNER)
-        self.root.children.clear()
+        self.roots.clear()
         self.num_pages = 0
         self.counters["flushes"] += 1
         return held
@@ -192,8 +198,10 @@ class RadixCache:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _path(self, token_ids: list[int]) -> list[Node]:
-        ps, node, path = self.page_size, self.root, []
+    def _path(self, token_ids: list[int], salt: str | None = None) -> list[Node]:
+        ps, node, path = self.page_size, self.roots.get(salt), []
+        if node is None:
+            return path
         for i in range(len(token_ids) // ps):
             node = node.children.get(tuple(token_ids[i * ps : (i + 1) * ps]))
             if node is None:
@@ -202,7 +210,7 @@ class RadixCache:
         return path
 
     def _nodes(self):
-        stack = list(self.root.children.values())
+        stack = [n for root in self.roots.values() for n in root.children.values()]
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
@@ -220,8 +228,11 @@ class RadixCache:
         if node.slot is not None:
             self._release_state(node)
         self.allocator.release_page(node.page, OWNER)
-        del node.parent.children[node.key]
+        parent = node.parent
+        del parent.children[node.key]
         self.num_pages -= 1
+        if parent.parent is None and not parent.children:  # a tree emptied: forget its salt
+            self.roots = {s: r for s, r in self.roots.items() if r is not parent}
 
     def _release_state(self, node: Node) -> None:
         self.allocator.release_slot(node.slot, OWNER)

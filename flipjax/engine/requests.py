@@ -125,6 +125,21 @@ class Requests:
         self._choices.pop(seq.request_id, None)
 
 
+MAX_CACHE_SALT_CHARS = 1024  # a tenant id or a hash of one, with room to spare
+
+
+def check_salt(salt: str | None) -> None:
+    """Refuse a cache salt that is not a non-empty, bounded string."""
+    if salt is None:
+        return
+    if not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT_CHARS:
+        got = f"{len(salt)} characters" if isinstance(salt, str) else type(salt).__name__
+        raise ValueError(
+            f"cache_salt: must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} "
+            f"characters, got {got}"
+        )
+
+
 def _choice(parent: Sequence, i: int) -> Sequence:
     """Choice `i` of `parent`'s prompt: the same request with its own id, RNG stream (seed + i,
     as vLLM seeds parallel choices) and grammar state."""
@@ -137,5 +152,6 @@ def _choice(parent: Sequence, i: int) -> Sequence:
         parent.seed + i,
         chat=parent.chat,
         grammar=grammar,
+        cache_salt=parent.cache_salt,
         parent=parent,
     )

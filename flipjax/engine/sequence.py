@@ -48,6 +48,7 @@ class Sequence:
     session_id: str | None = None  # the session this turn extends when it finishes
     chat: list[dict[str, str]] | None = None  # the chat messages the prompt was rendered from
     grammar: TokenConstraint | None = None  # allowed tokens per step (structured output)
+    cache_salt: str | None = None  # prefixes are shared only among requests with the same salt
     prefetch: Prefetch | None = None  # its stored prefix on the way to host memory
     # Parallel choices of one prompt (n > 1) waiting for this request's prompt to be computed,
     # then forked from it; a waiting choice knows its parent.

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from flipjax.engine.requests import MAX_CACHE_SALT_CHARS
 from flipjax.runtime.sampling import BOUNDS
 from serve.protocol.sampling import Lenient, SamplingFields
 
@@ -99,6 +100,8 @@ class ChatRequest(SamplingFields):
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     session_id: str | None = Field(default=None, min_length=1)  # append this turn to it
+    # A tenant's salt: prefixes are reused only among requests with the same one (vLLM's).
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
     @property
     def output_tokens(self) -> int | None:

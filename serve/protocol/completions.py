@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from flipjax.engine.requests import MAX_CACHE_SALT_CHARS
 from flipjax.runtime.sampling import BOUNDS, DEFAULT_MAX_TOKENS
 from serve.protocol.sampling import SamplingFields
 
@@ -19,6 +20,8 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None  # refused by name: there is no fill-in-the-middle model
     session_id: str | None = Field(default=None, min_length=1)  # append this turn to it
+    # A tenant's salt: prefixes are reused only among requests with the same one (vLLM's).
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: a string or a list of token ids."""

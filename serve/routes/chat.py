@@ -61,6 +61,7 @@ async def chat_completions(req: ChatRequest, state: State) -> Response:
         chat=messages,
         n=req.n,
         grammar=grammar() if grammar is not None else None,
+        cache_salt=req.cache_salt,
     )
     submitted = await submit(state, [request])
     cid = f"chatcmpl-{submitted.choices[0].request_id}"

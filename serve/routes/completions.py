@@ -57,6 +57,7 @@ async def completions(req: CompletionRequest, state: State) -> Response:
             session_id=req.session_id,
             n=best_of,
             grammar=grammar() if grammar is not None else None,
+            cache_salt=req.cache_salt,
         )
         for prompt in prompts
     ]

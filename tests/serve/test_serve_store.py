@@ -14,8 +14,8 @@ from tests.support.prompts import STORE_PROMPT as PROMPT
 from tests.support.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 
 
-def complete(base: str) -> dict:
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+def complete(base: str, **fields) -> dict:
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, **fields}
     r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -96,6 +96,15 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
         assert r.status_code == 409 and "attached already" in r.json()["error"]["message"]
         r = httpx.put(route, json={"disk_gb": -1}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "disk_gb"
+
+        # A tenant's salt: the prefix cached without one (or with another) is not its own.
+        for salt, cached in [("tenant-a", 0), ("tenant-b", 0), ("tenant-a", 64)]:
+            salted = complete(base, cache_salt=salt)
+            assert salted["usage"]["prompt_tokens_details"]["cached_tokens"] == cached, salt
+            assert salted["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "cache_salt": ""}
+        r = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
     finally:
         stop_server(proc)
 

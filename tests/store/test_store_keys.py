@@ -8,7 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from store.keys import ModelIdentity, entry_name, page_keys, root_key, weights_fingerprint
+from store.keys import (
+    ModelIdentity,
+    entry_name,
+    page_keys,
+    root_key,
+    salted_root,
+    weights_fingerprint,
+)
 
 CONFIG = {"hidden_size": 64, "num_hidden_layers": 4}
 TOKENS = list(range(1000, 1000 + 50))
@@ -86,12 +93,24 @@ def test_key_chains_hash_each_page_once_while_a_sequence_grows():
 
     root = root_key(ModelIdentity.create({"m": 1}, "w", "float32", 4))
     tokens = list(range(4 * 40))
-    chains = KeyChains(root, 4)
+    chains = KeyChains(4)
     for pages in range(1, 41):  # publish page by page, as a generating request does
-        got = chains.keys(tokens, pages, resume=pages - 1)
+        got = chains.keys(root, tokens, pages, resume=pages - 1)
         assert got == page_keys(root, tokens[: 4 * pages], 4)
     assert chains.hashed_pages == 40  # not 1 + 2 + ... + 40
-    assert chains.keys(tokens, 40, resume=40) == page_keys(root, tokens, 4)
+    assert chains.keys(root, tokens, 40, resume=40) == page_keys(root, tokens, 4)
     assert chains.hashed_pages == 40  # an exact repeat is a hit
+    salted = salted_root(root, "tenant-a")
+    assert chains.keys(salted, tokens, 2, resume=1) == page_keys(salted, tokens[:8], 4)
+    assert chains.hashed_pages == 42  # another root's chain is its own, never the cached one
     with pytest.raises(ValueError, match="uint32"):
-        chains.keys([-1] * 4, 1, resume=0)
+        chains.keys(root, [-1] * 4, 1, resume=0)
+
+
+def test_salted_roots_share_no_key():
+    root = root_key(ModelIdentity.create({"m": 1}, "w", "float32", 4))
+    tokens = list(range(8))
+    roots = [root, salted_root(root, "a"), salted_root(root, "b"), salted_root(root, "")]
+    assert salted_root(root, None) == root
+    chains = [page_keys(r, tokens, 4) for r in roots]
+    assert len({k for chain in chains for k in chain}) == 2 * len(roots)
