@@ -1,8 +1,8 @@
 """`python -m flipjax.serve` answers on loopback with real HTTP, checked with the openai client.
 
-The server runs the tiny model as an uneven pipeline with tensor parallel armed, so streams,
-16 concurrent clients and a phase flip under their load are all checked against the offline
-engine.
+The server runs the tiny model as an uneven pipeline, so streams, 16 concurrent clients and a
+phase flip to tensor parallel under their load (compiled as it goes: arming ahead is
+`test_serve_load`'s) are all checked against the offline engine.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ def server(tmp_path_factory):
             "tiny",
             "--layout",
             "pp:5,3",
-            "--arm",
-            "tp:2",
             *SMALL,
             INSECURE_ADMIN,
             "--store-dir",
