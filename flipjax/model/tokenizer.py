@@ -1,12 +1,18 @@
 """Tokenizers: the checkpoint's own `tokenizer.json`, or the byte-level one of the tiny model.
 
 Both expose the same three members, so nothing above this module knows which one it has.
+
+A checkpoint's end-of-sequence token is the one its `config.json` names (transformers' `generate`
+stops there); where it names none, the one transformers' tokenizer names, which lm-eval's
+transformers backend stops at: a checkpoint whose model emits its tokenizer's `<|endoftext|>` ends
+there, as it does in transformers, instead of generating on past it.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Protocol
+from typing import Any, Protocol
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -87,7 +93,51 @@ class MissingTokenizer:
 
 
 def load_tokenizer(folder: str, eos_token_id: int | None) -> Tokenizer:
+    """`eos_token_id`: config.json's; without it, the EOS transformers' tokenizer names."""
     path = os.path.join(folder, "tokenizer.json")
-    if os.path.exists(path):
-        return CheckpointTokenizer(path, eos_token_id)
-    return MissingTokenizer(folder, eos_token_id)
+    if not os.path.exists(path):
+        return MissingTokenizer(folder, eos_token_id)
+    tokenizer = CheckpointTokenizer(path, eos_token_id)
+    if eos_token_id is None and (name := named_eos(folder)) is not None:
+        # A token the vocabulary lacks, transformers appends past it, where no model emits it.
+        tokenizer.eos_token_id = tokenizer.backend.token_to_id(name)
+    return tokenizer
+
+
+# `AutoTokenizer` builds a qwen3_next checkpoint's tokenizer as this class unless its
+# tokenizer_config.json names another; the class's EOS is its default.
+QWEN2_TOKENIZERS = ("Qwen2Tokenizer", "Qwen2TokenizerFast")
+QWEN2_EOS = "<|endoftext|>"
+
+
+def named_eos(folder: str) -> str | None:
+    """The EOS token transformers' tokenizer has for the checkpoint in `folder`: the one that
+    special_tokens_map.json, or else tokenizer_config.json, names (null: none), or else the
+    default of its class."""
+    config = _json_object(folder, "tokenizer_config.json")
+    for name, entries in (
+        ("special_tokens_map.json", _json_object(folder, "special_tokens_map.json")),
+        ("tokenizer_config.json", config),
+    ):
+        if "eos_token" in entries:
+            token = entries["eos_token"]
+            token = token.get("content") if isinstance(token, dict) else token
+            if token is not None and not isinstance(token, str):
+                raise ValueError(f"{os.path.join(folder, name)}: eos_token is not a token")
+            return token
+    return (
+        QWEN2_EOS
+        if config.get("tokenizer_class", QWEN2_TOKENIZERS[0]) in QWEN2_TOKENIZERS
+        else None
+    )
+
+
+def _json_object(folder: str, name: str) -> dict[str, Any]:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        entries = json.load(f)
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: is not a JSON object")
+    return entries
