@@ -159,8 +159,7 @@ class Stepper:
         params = seq.params
         bias = dict(params.logit_bias)
         if len(seq.output_ids) - seq.carried < params.min_tokens:
-            eos = self.tokenizer.eos_token_id
-            for token in (*params.stop_token_ids, *(() if eos is None else (eos,))):
+            for token in (*params.stop_token_ids, *self.tokenizer.eos_token_ids):
                 bias[token] = -math.inf
         mask = seq.grammar.next_mask() if seq.grammar is not None else None
         return SamplerRow(params, seq.seed, seq.prompt_ids, seq.output_ids, bias or None, mask)

@@ -32,8 +32,7 @@ def append_token(
         if len(seq.output_ids) >= seq.max_tokens or seq.num_tokens >= max_model_len:
             seq.finish_reason = "length"
         return
-    eos = tokenizer.eos_token_id
-    if (eos is not None and token == eos and not params.ignore_eos) or (
+    if (token in tokenizer.eos_token_ids and not params.ignore_eos) or (
         token in params.stop_token_ids
     ):
         seq.text = tokenizer.decode(seq.output_ids)

@@ -18,7 +18,13 @@ from tokenizers import Tokenizer as HFTokenizer
 
 
 class Tokenizer(Protocol):
-    eos_token_id: int | None
+    eos_token_id: int | None  # the end-of-sequence token (what is reported and documented)
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Every id that ends a sequence: `eos_token_id` and the checkpoint's other EOS ids
+        (`generation_config.json`'s list, as transformers' `generate` and vLLM stop on)."""
+        ...
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -35,6 +41,10 @@ class ByteTokenizer:
 
     def __init__(self) -> None:
         self.eos_token_id: int | None = 256
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(() if self.eos_token_id is None else (self.eos_token_id,))
 
     @property
     def vocab_size(self) -> int:
@@ -59,6 +69,12 @@ class CheckpointTokenizer:
     def __init__(self, path: str, eos_token_id: int | None):
         self._tok = HFTokenizer.from_file(path)
         self.eos_token_id = eos_token_id
+        self.other_eos_ids: tuple[int, ...] = ()  # from generation_config.json
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        first = () if self.eos_token_id is None else (self.eos_token_id,)
+        return frozenset((*first, *self.other_eos_ids))
 
     @property
     def backend(self) -> HFTokenizer:
@@ -82,6 +98,10 @@ class MissingTokenizer:
         self.folder = folder
         self.eos_token_id = eos_token_id
 
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return frozenset(() if self.eos_token_id is None else (self.eos_token_id,))
+
     def encode(self, text: str) -> list[int]:
         raise ValueError(f"prompt: {self.folder} has no tokenizer.json; pass token ids instead")
 
@@ -101,7 +121,27 @@ def load_tokenizer(folder: str, eos_token_id: int | None) -> Tokenizer:
     if eos_token_id is None and (name := named_eos(folder)) is not None:
         # A token the vocabulary lacks, transformers appends past it, where no model emits it.
         tokenizer.eos_token_id = tokenizer.backend.token_to_id(name)
+    listed = generation_eos_ids(folder)
+    if tokenizer.eos_token_id is None and listed:
+        tokenizer.eos_token_id = listed[0]
+    tokenizer.other_eos_ids = tuple(i for i in listed if i != tokenizer.eos_token_id)
     return tokenizer
+
+
+def generation_eos_ids(folder: str) -> list[int]:
+    """The EOS ids `config.json` and `generation_config.json` list (a Qwen3-Next instruct
+    checkpoint lists both `<|endoftext|>` and `<|im_end|>`), in order, each once."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        listed = _json_object(folder, name).get("eos_token_id")
+        listed = listed if isinstance(listed, list) else [] if listed is None else [listed]
+        for token in listed:
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                path = os.path.join(folder, name)
+                raise ValueError(f"{path}: eos_token_id {token!r} is not a token id")
+            if token not in ids:
+                ids.append(token)
+    return ids
 
 
 # `AutoTokenizer` builds a qwen3_next checkpoint's tokenizer as this class unless its

@@ -50,7 +50,7 @@ MAX_PENDING_COMPILES = 16
 
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
     """The vocabulary as xgrammar sees it: every token id's bytes, and the stop tokens."""
-    stop = None if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    stop = sorted(tokenizer.eos_token_ids) or None
     if isinstance(tokenizer, ByteTokenizer):
         # Byte ids are themselves; special tokens are empty strings, never allowed by a grammar.
         vocab = [bytes([i]) for i in range(256)] + [b""] * len(ByteTokenizer.SPECIALS)

@@ -16,7 +16,7 @@ import torch
 from lm_eval.models.utils import handle_stop_sequences, postprocess_generated_text
 from lm_eval.models.utils_hf import stop_sequences_criteria
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from flipjax import Engine, SamplingParams
 from flipjax.model.tokenizer import load_tokenizer
@@ -108,3 +108,31 @@ def test_eos_is_the_one_transformers_names(tmp_path, files, config_eos):
     vocab = Tokenizer.from_file(str(tmp_path / "tokenizer.json")).get_vocab_size()
     want = config_eos if config_eos is not None else hf if hf is not None and hf < vocab else None
     assert load_tokenizer(str(tmp_path), config_eos).eos_token_id == want
+
+
+def test_generation_stops_on_every_eos_the_generation_config_lists(tmp_path):
+    """A Qwen3-Next instruct checkpoint lists two EOS ids in generation_config.json; generation
+    ends on either, as transformers' `generate` (the oracle, reading the same folder) ends."""
+    folder = str(tmp_path)
+    model = make_checkpoint(folder, seed=7, vocab_size=257)
+    byte_tokenizer(f"{folder}/tokenizer.json")
+    prompt = load_tokenizer(folder, None).encode(PROMPT)
+    with torch.no_grad():
+        free = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
+    free = free[0, len(prompt) :].tolist()
+    other = next(free[k] for k in range(3, MAX_TOKENS) if free[k] not in free[:k])
+    unused = next(i for i in range(257) if i not in prompt + free)
+    with open(f"{folder}/generation_config.json", "w") as f:
+        json.dump({"eos_token_id": [unused, other], "do_sample": False}, f)
+
+    oracle = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = oracle.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False)
+    want = want[0, len(prompt) :].tolist()
+    assert want[-1] == other and len(want) < MAX_TOKENS  # transformers stopped on it
+    engine = Engine.from_pretrained(folder, dtype="float32", max_running_requests=2)
+    assert engine.info.tokenizer.eos_token_ids == {unused, other}
+    out = engine.generate([prompt], sampling=SamplingParams(temperature=0, max_tokens=MAX_TOKENS))
+    assert out[0].token_ids == want and out[0].finish_reason == "stop"
+    ignoring = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    assert engine.generate([prompt], sampling=ignoring)[0].token_ids == free
