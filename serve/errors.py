@@ -1,7 +1,8 @@
 """Errors in the OpenAI shape: `{"error": {"message", "type", "param", "code"}}`.
 
 Routes raise `APIError`; a body that fails validation (bad JSON, a wrong type or range, an
-unknown field) becomes a 400 whose `param` names the field. Engine refusals map by their type:
+unknown field) becomes a 400 whose `param` names the field, and FastAPI's own refusals (a body
+too deep to parse, an unknown route) take the same shape. Engine refusals map by their type:
 ValueError is the caller's input (400), KeyError an unknown id (404). A lost process of the
 cluster is a 503 for everything after it.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from flipjax.engine.faults import describe_fault
 from flipjax.runtime.multihost import ProcessLost
@@ -75,6 +77,17 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(LoopDead)
     async def loop_dead(request: Request, err: LoopDead) -> JSONResponse:
         return error_response(503, str(err), None, "service_unavailable")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        """FastAPI's own refusals in the same shape: a body it cannot parse (nested deeper than
+        Python's JSON reader goes), an unknown route or method."""
+        status = err.status_code
+        message = f"request body: {err.detail}" if status == 400 else str(err.detail)
+        kind = {400: "invalid_request_error", 404: "not_found"}.get(status, "error")
+        response = error_response(status, message, None, kind)
+        response.headers.update(err.headers or {})
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:

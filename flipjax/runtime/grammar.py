@@ -2,9 +2,11 @@
 
 `GrammarCompiler` turns a spec (a JSON schema, any JSON object, a regex, a list of choices, an
 EBNF grammar) into an xgrammar `CompiledGrammar` for the model's tokenizer, caching by spec, so
-a schema used by many requests compiles once. Compiling is slow next to a step, so callers run
-it off the engine thread. `GrammarConstraint` is the `TokenConstraint` a request carries: each
-step it fills the bitmask of the tokens the grammar allows next, and it advances past the token
+a schema used by many requests compiles once. A JSON schema is checked first
+(`flipjax.runtime.json_schema`): what xgrammar would not enforce is refused by name. Compiling
+is slow next to a step, so callers run it off the engine thread. `GrammarConstraint` is the
+`TokenConstraint` a request carries: each step it fills the bitmask of the tokens the grammar
+allows next (never one that breaks UTF-8: `utf8_guard`), and it advances past the token
 the sampler chose. Once the grammar is complete only the stop tokens are allowed (for a model
 without one, the grammar's completion ends the request).
 
@@ -26,7 +28,9 @@ from transformers import PreTrainedTokenizerFast
 
 from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer, Tokenizer
 from flipjax.runtime.fault_handlers import fatal_signal_handlers_kept
+from flipjax.runtime.json_schema import prepare_schema
 from flipjax.runtime.sampler import bitmask_words
+from flipjax.runtime.utf8_guard import Utf8Guard
 
 # The one place flipjax loads xgrammar (`xgr` is imported from here), so that a fault in the
 # process still ends it with a report instead of a hang (see `fault_handlers`).
@@ -125,9 +129,9 @@ class GrammarCompiler:
         # Without an end-of-sequence token a request ends when its grammar is complete.
         self.stop_free = tokenizer.eos_token_id is None
         self.capacity = capacity
-        self._compiler = xgr.GrammarCompiler(
-            tokenizer_info(tokenizer, vocab_size), max_threads=threads
-        )
+        info = tokenizer_info(tokenizer, vocab_size)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=threads)
+        self.guard = Utf8Guard(info.decoded_vocab, vocab_size)
         self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self.counters: Counter[str] = Counter()  # compiled, hits, shared, refused, too_large, busy
@@ -153,6 +157,10 @@ class GrammarCompiler:
         if spec is not None:
             try:
                 check_spec(spec_text(spec), kind, field)
+            except RecursionError:  # a spec object too deep to write out as text
+                self.counters["too_large"] += 1
+                message = f"{field}: the {kind} spec nests more than {MAX_SPEC_DEPTH} levels deep"
+                raise ValueError(message) from None
             except ValueError:
                 self.counters["too_large"] += 1
                 raise
@@ -202,7 +210,7 @@ class GrammarCompiler:
         c = self._compiler
         if kind == "json":
             grammar = xgr.Grammar.from_json_schema(
-                spec_text(spec), any_whitespace=self.any_whitespace
+                json.dumps(prepare_schema(spec)), any_whitespace=self.any_whitespace
             )
             # xgrammar's length-bounded strings admit raw control characters, which strict
             # JSON parsers (Python's json.loads among them) refuse; its unbounded strings do not.
@@ -221,7 +229,7 @@ class GrammarCompiler:
 
     def constraint(self, compiled: xgr.CompiledGrammar) -> GrammarConstraint:
         matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=self.stop_free)
-        return GrammarConstraint(matcher, self.vocab_size)
+        return GrammarConstraint(matcher, self.vocab_size, self.guard)
 
 
 def _text(spec: Any, kind: str) -> str:
@@ -233,21 +241,26 @@ def _text(spec: Any, kind: str) -> str:
 class GrammarConstraint:
     """One request's position in its grammar (a `TokenConstraint`)."""
 
-    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int):
+    def __init__(
+        self, matcher: xgr.GrammarMatcher, vocab_size: int, guard: Utf8Guard, utf8: int = 0
+    ):
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.guard = guard
+        self._utf8 = utf8  # where the text stands in its last character (`utf8_guard.STATES`)
         self._mask = np.zeros((1, bitmask_words(vocab_size)), np.int32)
 
     def next_mask(self) -> np.ndarray:
         self.matcher.fill_next_token_bitmask(self._mask)
-        return self._mask[0].copy()
+        return self.guard.narrow(self._mask[0], self._utf8)
 
     def accept(self, token: int) -> None:
         if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
             raise RuntimeError(f"grammar: token {token} was sampled against the mask")
+        self._utf8 = self.guard.advance(self._utf8, token)
 
     def fork(self) -> GrammarConstraint:
-        return GrammarConstraint(self.matcher.fork(), self.vocab_size)
+        return GrammarConstraint(self.matcher.fork(), self.vocab_size, self.guard, self._utf8)
 
     @property
     def done(self) -> bool:
