@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
-from flipjax import Engine
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.step import Stepper
-from serve.app import create_app
-from tests.support.servers import free_port, metric
+from tests.support.in_process import InProcessServer
+from tests.support.servers import metric
 
 STREAM = {
     "model": "tiny",
@@ -32,30 +29,9 @@ STREAM = {
 }
 
 
-class _Served:
-    def __init__(self) -> None:
-        self.engine = Engine.from_pretrained("tiny", max_running_requests=4, max_prefill_tokens=32)
-        self.app = create_app(self.engine)
-        self.loop = self.app.state.server.loop
-        port = free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-
 @pytest.fixture
 def served():
-    s = _Served()
+    s = InProcessServer(start_s=60)
     try:
         yield s
     finally:

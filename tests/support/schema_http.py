@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 from collections import Counter
 from typing import Any
 
 import httpx
-import uvicorn
 
-from flipjax import Engine
-from serve.app import create_app
+from tests.support.in_process import InProcessServer
 from tests.support.schema_check import validation_error
 from tests.support.schema_gen import random_schema
-from tests.support.servers import free_port
 
 FORMS = ("response_format", "guided_json", "guided_text", "structured", "named", "required")
 OTHER_TOOL = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
@@ -64,27 +59,6 @@ RAW = [  # bodies that are not what json.dumps writes
 
 
 DEEP_BODY = _RAW + '"guided_json": ' + "[" * 10_000 + "]" * 10_000 + "}"
-
-
-class Served:
-    """The tiny model's app under uvicorn on a loopback port, in this process."""
-
-    def __init__(self) -> None:
-        engine = Engine.from_pretrained("tiny", max_running_requests=4, max_prefill_tokens=32)
-        port = free_port()
-        self.base = f"http://127.0.0.1:{port}"
-        config = uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="error")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 def request_body(form: str, schema: Any, max_tokens: int = 64) -> dict[str, Any]:
@@ -149,7 +123,7 @@ def judge(r: httpx.Response, schema: Any, tools: bool) -> tuple[str, str]:
 
 def http_fuzz(cases: int, seed: int = 0, max_tokens: int = 96) -> dict[str, Any]:
     """`cases` requests: the malformed bodies first, then drawn schemas in drawn forms."""
-    served = Served()
+    served = InProcessServer(log_level="error")
     counts: Counter[str] = Counter()
     failures: list[dict[str, Any]] = []
     try:
