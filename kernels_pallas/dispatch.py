@@ -29,6 +29,7 @@ from kernels_pallas.matmul import native_binding as matmul_native
 from kernels_pallas.paged_attention import native_binding as attention_native
 from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
 from kernels_pallas.paged_attention.reference import paged_attention_reference
+from kernels_pallas.ragged_matmul import native_binding as ragged_native
 
 KERNELS_ENV = "FLIPJAX_KERNELS"
 PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
@@ -192,3 +193,29 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
     if columns < NATIVE_MATMUL_MIN_COLUMNS:
         return None
     return functools.partial(matmul_native.matmul, matmul_native.targets())
+
+
+def ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, split: str) -> jax.Array:
+    """`jax.lax.ragged_dot(x, w, group_sizes)` for x [M, K] sorted by group and w [G, K, N]:
+    the experts' matmul of a mixture-of-experts layer, in x's dtype.
+
+    In `native` mode the native kernel runs (`ragged_matmul.native_binding`), for every row
+    count: XLA:CPU multiplies each row by every group and copies the whole weight per call
+    (`python -m flipjax.bench matmul --ragged` measures both). Under `head_parallel.across` it
+    runs per device over w's shard, `split` naming the dimension the TP layout splits: "out"
+    (N, the gate and up projections) or "in" (K, the down projection, whose partial products
+    are summed over the mesh). Elsewhere XLA's `ragged_dot` runs.
+    """
+    if split not in ("in", "out"):
+        raise ValueError(f"ragged_dot: split must be 'in' or 'out', got {split!r}")
+    mesh = head_parallel.current()
+    if current_mode() != "native" or not (mesh is not None or head_parallel.local()):
+        return jax.lax.ragged_dot(x, w, group_sizes)
+    kernel = functools.partial(ragged_native.ragged_matmul, ragged_native.targets())
+
+    def run(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
+        return kernel(x.astype(jnp.float32), w, group_sizes).astype(x.dtype)
+
+    if mesh is not None:
+        run = head_parallel.ragged_matmul(run, mesh, split, w.shape)
+    return run(x, w, group_sizes)

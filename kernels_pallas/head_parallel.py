@@ -1,11 +1,11 @@
 """Run a kernel per device over its own shard of heads (`shard_map`), under tensor parallelism.
 
 A Pallas call is opaque to the partitioner: handed arrays sharded over heads, it gathers them
-whole onto every device and runs the full kernel there, so every decode step would move the
-KV pools across devices. Inside `across(mesh)` (entered by the stage step of a layout whose
-mesh has more than one device) the kernels are wrapped in `shard_map` over the mesh's one axis
-instead, with the specs the layouts give the pools: heads split, everything else replicated.
-The pure-JAX references need none of this; the partitioner splits them by itself.
+whole onto every device and runs the full kernel there, so every decode step would move the KV
+pools across devices. Inside `across(mesh)` (entered by the stage step of a layout whose mesh
+has more than one device) the kernels are wrapped in `shard_map` over the mesh's one axis
+instead, with the specs the layouts give the pools: heads split, everything else replicated. The
+pure-JAX references need none of this; the partitioner splits them by itself.
 
 Attention's KV heads may be fewer than the devices (they are then replicated); when each
 device's query heads share one KV head, the device slices it out, and otherwise (a rare head
@@ -13,7 +13,8 @@ count) the call is left to the partitioner.
 
 It sits at the top of `kernels_pallas`, not in an operation's folder, because it serves them
 all: paged attention (Pallas and native), the gated delta rule (Pallas, and the native pooled
-update) and the matmul (which asks `local()` whether a program runs on one device); one mesh,
+update), the experts' grouped matmul (split as the layouts split experts: by their intermediate
+dimension) and the matmul (which asks `local()` whether a program runs on one device); one mesh,
 entered once per stage step, applies to every kernel in it. This module imports nothing from
 flipjax.
 """
@@ -120,3 +121,28 @@ def pooled_delta_rule(
         out_specs=(heads, state),
         check_vma=False,
     )
+
+
+def ragged_matmul(
+    kernel: Callable[..., jax.Array], mesh: Mesh, split: str, w_shape: tuple[int, ...]
+) -> Callable[..., jax.Array]:
+    """`kernel(x, w, group_sizes)` (w [G, K, N]) per device over its shard of the experts'
+    intermediate dimension, where the TP layout splits it: N for `split` "out" (gate, up: x
+    whole, the output split by columns), K for "in" (down: x split by columns, the partial
+    products summed over the mesh). Where the width does not divide that dimension the layout
+    replicates w, and every device runs the whole product."""
+    (axis,) = mesh.axis_names
+    dim = 2 if split == "out" else 1
+    if w_shape[dim] % mesh.shape[axis]:
+        specs, out = (P(), P(), P()), P()
+        local = kernel
+    elif split == "out":
+        specs, out = (P(), P(None, None, axis), P()), P(None, axis)
+        local = kernel
+    else:
+        specs, out = (P(None, axis), P(None, axis, None), P()), P()
+
+        def local(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
+            return jax.lax.psum(kernel(x, w, group_sizes), axis)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)

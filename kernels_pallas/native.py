@@ -1,21 +1,21 @@
 """Native CPU kernels: C++ XLA FFI handlers built on first use and registered with XLA.
 
-XLA:CPU has no counterpart of a Pallas kernel, so where a step's XLA form makes many passes
-over memory a short C++ handler does the job in one: the GDN decode update, decode attention
-over paged K/V, and the small-batch matmul, which XLA's GEMM libraries run with a packing pass
-over the weight. Each source lives in its operation's folder (`SOURCES`) beside its Python
-binding; what they share, the build and load here and the parallel-for of `parallel.h` beside
-this module, stays at the top of `kernels_pallas` so that no operation's folder reaches into
-another's. A source is compiled with the machine's C++ compiler against the FFI headers jaxlib
-ships and the shared headers, for this CPU (`-march=native`, or another instruction set `ISAS`
-names, so that one machine can test the code paths of others), into a cache keyed by the
-source, the headers it may include, the flags, jaxlib's version and the CPU's features;
-concurrent builders each write a temporary file and rename it into place, so a reader never
-loads half a library. A cached library is loaded only from a folder and a file this user owns
-and nobody else can write.
-Where they cannot be built (no compiler), `available()` says so and logs why once, and
-`kernels_pallas.dispatch` runs the pure-JAX references instead. This module imports nothing
-from flipjax.
+XLA:CPU has no counterpart of a Pallas kernel, so where a step's XLA form makes many passes over
+memory a short C++ handler does the job in one: the GDN decode update, decode attention over
+paged K/V, the small-batch matmul, which XLA's GEMM libraries run with a packing pass over the
+weight, and the experts' grouped matmul, which XLA runs densely against every expert. Each
+source lives in its operation's folder (`SOURCES`) beside its Python binding; what they share,
+the build and load here, the parallel-for of `parallel.h` and the streamed multiply of
+`row_panels.h` beside this module, stays at the top of `kernels_pallas` so that no operation's
+folder reaches into another's. A source is compiled with the machine's C++ compiler against the
+FFI headers jaxlib ships and the shared headers, for this CPU (`-march=native`, or another
+instruction set `ISAS` names, so that one machine can test the code paths of others), into a
+cache keyed by the source, the headers it may include, the flags, jaxlib's version and the CPU's
+features; concurrent builders each write a temporary file and rename it into place, so a reader
+never loads half a library. A cached library is loaded only from a folder and a file this user
+owns and nobody else can write. Where they cannot be built (no compiler), `available()` says so
+and logs why once, and `kernels_pallas.dispatch` runs the pure-JAX references instead. This
+module imports nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -44,10 +44,23 @@ SOURCES = {
     "gdn_decode": PACKAGE / "gdn" / "gdn_decode.cc",
     "matmul": PACKAGE / "matmul" / "matmul.cc",
     "paged_decode": PACKAGE / "paged_attention" / "paged_decode.cc",
+    "ragged_matmul": PACKAGE / "ragged_matmul" / "ragged_matmul.cc",
 }
-KERNELS = ("gdn_decode", "matmul", "matmul_bf16", "paged_decode", "paged_decode_bf16")
+KERNELS = (
+    "gdn_decode",
+    "matmul",
+    "matmul_bf16",
+    "paged_decode",
+    "paged_decode_bf16",
+    "ragged_matmul",
+    "ragged_matmul_bf16",
+)
 # handlers that share another kernel's source
-SOURCE_OF = {"matmul_bf16": "matmul", "paged_decode_bf16": "paged_decode"}
+SOURCE_OF = {
+    "matmul_bf16": "matmul",
+    "paged_decode_bf16": "paged_decode",
+    "ragged_matmul_bf16": "ragged_matmul",
+}
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 # What a kernel is compiled for. A CPU's own (`native`) is the default; the others build the
 # code paths of other x86-64 machines here (each runs where the CPU has its features): SSE

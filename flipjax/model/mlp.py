@@ -1,9 +1,11 @@
 """Feed-forward blocks: the dense SwiGLU MLP and the sparse MoE with a gated shared expert.
 
-The MoE sends each token only to its chosen experts: assignments are sorted by expert and run
-as one grouped matmul (`jax.lax.ragged_dot`), so cost scales with top-k, not with the expert
-count. Expert weights are stacked `[experts, in, out]` (the loader transposes the checkpoint's
-per-expert `[out, in]` once) because that is the operand shape the grouped matmul takes.
+The MoE sends each token only to its chosen experts: assignments are sorted by expert and run as
+one grouped matmul (`kernels_pallas.dispatch.ragged_dot`), so cost scales with top-k, not with
+the expert count. Each token's expert outputs are gathered back and summed in the order of its
+choices, so a token's result does not depend on the others in its batch. Expert weights are
+stacked `[experts, in, out]` (the loader transposes the checkpoint's per-expert `[out, in]`
+once) because that is the operand shape the grouped matmul takes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.layers import Linear
+from kernels_pallas import dispatch
 
 
 class Qwen3NextMLP(nnx.Module):
@@ -46,14 +49,15 @@ class Qwen3NextExperts(nnx.Module):
         num_experts = self.gate_proj.shape[0]
         flat_expert = top_idx.reshape(-1)
         order = jnp.argsort(flat_expert, stable=True)
-        token = order // k
         group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
-        xs = x[token]
-        h_gate = jax.lax.ragged_dot(xs, self.gate_proj[...], group_sizes)
-        h_up = jax.lax.ragged_dot(xs, self.up_proj[...], group_sizes)
-        y = jax.lax.ragged_dot(jax.nn.silu(h_gate) * h_up, self.down_proj[...], group_sizes)
-        y = y * top_w.reshape(-1)[order][:, None].astype(y.dtype)
-        return jnp.zeros((n, x.shape[-1]), y.dtype).at[token].add(y)
+        xs = x[order // k]
+        h_gate = dispatch.ragged_dot(xs, self.gate_proj[...], group_sizes, split="out")
+        h_up = dispatch.ragged_dot(xs, self.up_proj[...], group_sizes, split="out")
+        act = jax.nn.silu(h_gate) * h_up
+        y = dispatch.ragged_dot(act, self.down_proj[...], group_sizes, split="in")
+        # Back to (token, choice) order: a gather, where a scatter-add would sum in any order.
+        y = y[jnp.argsort(order)].reshape(n, k, -1)
+        return jnp.sum(y * top_w[..., None].astype(y.dtype), axis=1)
 
 
 class Qwen3NextSparseMoeBlock(nnx.Module):

@@ -15,194 +15,36 @@
 // in groups of different sizes were rounded differently. Without FMA (x86-64 before AVX2)
 // every step is a multiply and an add, which the compiler has no instruction to fuse.
 //
-// Two handlers: FlipjaxMatmul takes x f32[M, K] and w f32[K, N]; FlipjaxMatmulBf16 takes w
+// The tiles and the multiply itself live in `row_panels.h`, shared with the grouped matmul of
+// the experts. Two handlers: FlipjaxMatmul takes x f32[M, K] and w f32[K, N]; FlipjaxMatmulBf16 takes w
 // bf16[K, N], widened to fp32 as it is read (exactly: a bf16 is the top half of an fp32), so
 // it reads half the bytes and multiplies and accumulates as XLA's bf16 product with fp32
 // accumulation does. Both return y f32[M, N].
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-
-#if defined(__FMA__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 #include "parallel.h"
+#include "row_panels.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-constexpr int kRows = 8;  // rows per group: 8 rows x 3 vectors fill 24 of 32 vector registers
-#else
-constexpr int kLanes = 8;
-constexpr int kRows = 4;  // 4 rows x 3 vectors fill 12 of 16 vector registers
-#endif
-constexpr int kPanelVectors = 24;  // a task's columns, in vectors (divisible by 8, 6 and 3)
-constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
-constexpr int kPrefetch = 16;      // rows of w ahead in the first block
-constexpr int64_t kWorkPerThread = 1 << 18;  // multiply-adds that pay for waking a thread
+using flipjax::rows::Bf16;
 
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-
-// A weight as stored: fp32, or bf16 held as its 16 bits.
-struct Bf16 {
-  uint16_t bits;
-};
-
-inline Vec Load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline Vec Load(const Bf16* p) {
-  Halves h;
-  std::memcpy(&h, p, sizeof h);
-  const Words w = __builtin_convertvector(h, Words) << 16;
-  Vec v;
-  std::memcpy(&v, &w, sizeof v);
-  return v;
-}
-
-// acc + s * w, rounded once where the CPU has FMA, wherever the compiler would put it.
-inline Vec MultiplyAdd(float s, Vec w, Vec acc) {
-#if defined(__AVX512F__)
-  return _mm512_fmadd_ps(_mm512_set1_ps(s), w, acc);
-#elif defined(__FMA__)
-  return _mm256_fmadd_ps(_mm256_set1_ps(s), w, acc);
-#else
-  return acc + s * w;
-#endif
-}
-
-// The first `width` lanes from p, zeros after them.
-template <typename W>
-inline Vec LoadPart(const W* p, int width) {
-  W part[kLanes] = {};
-  std::memcpy(part, p, width * sizeof(W));
-  return Load(part);
-}
-
-// y[0:R, cols] (+)= x[0:R, k0:k1] @ w[k0:k1, cols], cols = V vectors from w's and y's first
-// column (rows strided by k for x and n for w and y). With kPartial (V = 1), only the first
-// `width` columns are real: w's row is then read a vector wide, into the next row, except
-// for the last row, whose tail is copied, and y is read and written `width` wide. The first
-// block of rows (k0 = 0) starts from zero, later ones add to y.
-template <int R, int V, bool kPartial, typename W>
-void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0, int64_t k1,
-           int width) {
-  Vec acc[R][V];
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) {
-      const float* at = y + r * n + v * kLanes;
-      acc[r][v] = k0 == 0 ? Vec{} : kPartial ? LoadPart(at, width) : Load(at);
-    }
-  }
-  for (int64_t i = k0; i < k1; ++i) {
-    const W* wi = w + i * n;
-    // The next block is requested while this one is multiplied, so reading memory overlaps
-    // the arithmetic of every row group (15-30% faster than only reading ahead in the block,
-    // which leaves memory idle while later groups reuse it); the first block reads ahead in
-    // itself.
-    if (i + kBlock < k) {
-      for (int v = 0; v < V; ++v) __builtin_prefetch(wi + kBlock * n + v * kLanes, 0, 1);
-    }
-    if (k0 == 0 && i + kPrefetch < k1) {
-      for (int v = 0; v < V; ++v) __builtin_prefetch(wi + kPrefetch * n + v * kLanes, 0, 2);
-    }
-    Vec wv[V];
-    for (int v = 0; v < V; ++v) {
-      wv[v] = kPartial && i == k - 1 ? LoadPart(wi + v * kLanes, width) : Load(wi + v * kLanes);
-    }
-    for (int r = 0; r < R; ++r) {
-      const float s = x[r * k + i];
-      for (int v = 0; v < V; ++v) acc[r][v] = MultiplyAdd(s, wv[v], acc[r][v]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int v = 0; v < V; ++v) {
-      std::memcpy(y + r * n + v * kLanes, &acc[r][v], (kPartial ? width : kLanes) * sizeof(float));
-    }
-  }
-}
-
-// Block for a group of `rows` rows (1 to kRows).
-template <int V, bool kPartial = false, typename W>
-void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0,
-          int64_t k1, int width = kLanes) {
-  switch (rows) {
-#define FLIPJAX_ROWS(R) \
-  case R:               \
-    return Block<R, V, kPartial, W>(x, w, y, k, n, k0, k1, width);
-    FLIPJAX_ROWS(1)
-    FLIPJAX_ROWS(2)
-    FLIPJAX_ROWS(3)
-    FLIPJAX_ROWS(4)
-#if defined(__AVX512F__)
-    FLIPJAX_ROWS(5)
-    FLIPJAX_ROWS(6)
-    FLIPJAX_ROWS(7)
-    FLIPJAX_ROWS(8)
-#endif
-#undef FLIPJAX_ROWS
-  }
-}
-
-// One block of rows of a panel for one group of x's rows, in sub-tiles whose accumulators fit
-// the registers: the fewer the rows, the wider the sub-tile and the longer each read of w.
-template <typename W>
-void Panel(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0,
-           int64_t k1) {
-  const int sub = rows <= kRows / 4 ? 8 : rows <= kRows / 2 ? 6 : 3;
-  for (int v = 0; v < kPanelVectors; v += sub) {
-    const int64_t c = v * kLanes;
-    if (sub == 8) Rows<8>(rows, x, w + c, y + c, k, n, k0, k1);
-    if (sub == 6) Rows<6>(rows, x, w + c, y + c, k, n, k0, k1);
-    if (sub == 3) Rows<3>(rows, x, w + c, y + c, k, n, k0, k1);
-  }
-}
-
-// y = x @ w over the buffers' data (w of `W`s), any M, K > 0 and N.
+// y = x @ w over the buffers' data (w of `W`s), any M, K > 0 and N, a column panel per task.
 template <typename W>
 void Multiply(ffi::ThreadPool& threads, const float* xp, const W* wp, float* yp, int64_t m,
               int64_t k, int64_t n) {
-  const int64_t panel = kPanelVectors * kLanes;
-  const int64_t panels = n / panel;
-  const int64_t vectors = (n % panel) / kLanes;  // whole vectors after the panels
-  const int width = static_cast<int>(n % kLanes);  // columns after those
-  const bool tail = vectors > 0 || width > 0;
-  const int64_t max_threads = std::max<int64_t>(1, m * k * n / kWorkPerThread);
-  flipjax::ParallelFor(threads, panels + tail, 2, max_threads, [=](int64_t first, int64_t last) {
-    for (int64_t p = first; p < last; ++p) {
-      const int64_t c = p * panel;
-      for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
-        const int64_t k1 = std::min(k, k0 + kBlock);
-        for (int64_t r = 0; r < m; r += kRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-          const float* xr = xp + r * k;
-          float* yr = yp + r * n + c;
-          if (p < panels) {
-            Panel(rows, xr, wp + c, yr, k, n, k0, k1);
-            continue;
-          }
-          for (int64_t v = 0; v < vectors; ++v) {
-            Rows<1>(rows, xr, wp + c + v * kLanes, yr + v * kLanes, k, n, k0, k1);
-          }
-          if (width > 0) {
-            const int64_t at = vectors * kLanes;
-            Rows<1, true>(rows, xr, wp + c + at, yr + at, k, n, k0, k1, width);
-          }
-        }
-      }
-    }
-  });
+  const int64_t max_threads = std::max<int64_t>(1, m * k * n / flipjax::rows::kWorkPerThread);
+  flipjax::ParallelFor(threads, flipjax::rows::PanelCount(n), 2, max_threads,
+                       [=](int64_t first, int64_t last) {
+                         for (int64_t p = first; p < last; ++p) {
+                           flipjax::rows::MultiplyPanel(p, xp, wp, yp, m, k, n);
+                         }
+                       });
 }
 
 ffi::Error CheckShapes(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd) {

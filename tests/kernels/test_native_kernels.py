@@ -1,7 +1,8 @@
 """The native CPU kernels: built here, equal to the pure-JAX step they replace, and used by
 the engine's decode steps on every layout without gathering a sharded pool (the GDN update on
-every layout, the matmul where a stage has one device; its own checks are in
-`test_native_matmul.py`).
+every layout, the experts' grouped matmul on every layout and at every size, the matmul where a
+stage has one device; their own checks are in `test_native_matmul.py` and
+`test_native_ragged_matmul.py`).
 
 The oracle is `gdn.reference`'s recurrence over rows gathered from the pool (the form the
 engine ran before the kernel) and, end to end, the engine's tokens with the kernel switched off.
@@ -100,6 +101,7 @@ def xla_tokens() -> list[list[int]]:
         engine = Engine.from_pretrained("tiny", **OPTIONS)
         assert "flipjax_gdn_decode" not in _decode_program(engine)
         assert "flipjax_paged_decode" not in _decode_program(engine)
+        assert "flipjax_ragged_matmul" not in _decode_program(engine)
         return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)]
 
 
@@ -115,6 +117,9 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
     assert "flipjax_gdn_decode" in _decode_program(engine)
     assert "flipjax_paged_decode" in _decode_program(engine)  # per device over its heads
+    # The experts' grouped matmul on every layout (per device over a TP mesh), at every size.
+    assert "flipjax_ragged_matmul" in _decode_program(engine)
+    assert "flipjax_ragged_matmul" in parts(engine).runner.binding.programs(0, (1, 64))[0].as_text()
     # The matmul kernel only where a stage has one device: the partitioner cannot split it.
     assert ("flipjax_matmul" in _decode_program(engine)) == (layout == "single")
     if layout == "single":

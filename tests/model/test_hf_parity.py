@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from jax.sharding import Mesh
 
 from flipjax import Engine
 from flipjax.model.qwen3_next import forward, init_cache
-from kernels_pallas import dispatch
+from kernels_pallas import dispatch, head_parallel
 from tests.support.hf_oracle import CONFIGS, make_checkpoint
 from tests.support.internals import params, parts, prompt_logits
 
@@ -57,6 +58,22 @@ def test_prefill_in_two_chunks_continues_exactly(pair):
         logits, cache = step(parts(engine).graphdef, params(engine), tokens, positions, cache)
         pieces.append(np.asarray(logits[0]))
     np.testing.assert_allclose(np.concatenate(pieces), want, atol=1e-4, rtol=0)
+
+
+def test_prompt_logits_match_with_the_native_kernels_on_one_device(pair):
+    """As a one-device stage runs the model: the native kernels where they apply (the
+    experts' grouped matmul at every size, the matmul at decode's row counts)."""
+    hf, engine, _ = pair
+    with torch.no_grad():
+        want = hf(torch.tensor([PROMPT])).logits[0].numpy()
+    cache = init_cache(engine.info.model, 1, 32, jnp.float32)
+    tokens = jnp.asarray([PROMPT], jnp.int32)
+    positions = jnp.arange(len(PROMPT), dtype=jnp.int32)[None]
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    with dispatch.kernels("native"), head_parallel.across(one):
+        step = jax.jit(forward, static_argnums=0)  # traced here, under the kernels
+        logits, _ = step(parts(engine).graphdef, params(engine), tokens, positions, cache)
+    np.testing.assert_allclose(np.asarray(logits[0]), want, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("form", ["chunked", "recurrent"])
