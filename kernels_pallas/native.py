@@ -36,6 +36,9 @@ import jax
 import jaxlib
 
 CACHE_ENV = "FLIPJAX_NATIVE_CACHE"
+# The instruction set the engine's kernels are built for (one of `ISAS`; default `native`), so a
+# machine can run, and be measured on, the code another CPU would run.
+ARCH_ENV = "FLIPJAX_NATIVE_ARCH"
 PACKAGE = Path(__file__).parent
 # Headers every source may include (`#include "parallel.h"`); the include path is this folder.
 SHARED_HEADERS = PACKAGE
@@ -83,6 +86,17 @@ ISA_NEEDS = {
 log = logging.getLogger(__name__)
 
 
+def build_isa() -> str:
+    """The instruction set `FLIPJAX_NATIVE_ARCH` names (default `native`): ValueError naming it
+    when it is unknown or this CPU cannot run its code."""
+    isa = os.environ.get(ARCH_ENV) or "native"
+    if isa not in ISAS:
+        raise ValueError(f"{ARCH_ENV}: unknown instruction set {isa!r}; one of {sorted(ISAS)}")
+    if not runs_here(isa):
+        raise ValueError(f"{ARCH_ENV}={isa}: this CPU lacks some of {ISA_NEEDS[isa]}")
+    return isa
+
+
 @functools.cache
 def available() -> bool:
     """Whether every native kernel builds and loads here (the reason it does not is logged)."""
@@ -95,11 +109,16 @@ def available() -> bool:
     return True
 
 
-@functools.cache
-def target(name: str, isa: str = "native") -> str:
+def target(name: str, isa: str | None = None) -> str:
     """The FFI target `flipjax_<name>` (handler `Flipjax<Name>`; `flipjax_<name>_<isa>` for
-    another instruction set than the CPU's own), built from the source `SOURCES` gives for
-    `name` (or for the name `SOURCE_OF` gives) and registered on first use."""
+    another instruction set than the CPU's own), built for `isa` (default: `build_isa()`) from
+    the source `SOURCES` gives for `name` (or for the name `SOURCE_OF` gives) and registered on
+    first use."""
+    return _target(name, isa or build_isa())
+
+
+@functools.cache
+def _target(name: str, isa: str) -> str:
     library = ctypes.cdll.LoadLibrary(str(build(SOURCE_OF.get(name, name), isa)))
     symbol = "Flipjax" + "".join(part.title() for part in name.split("_"))
     ffi_name = f"flipjax_{name}" if isa == "native" else f"flipjax_{name}_{isa.replace('-', '_')}"

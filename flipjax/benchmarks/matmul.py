@@ -6,6 +6,11 @@ fp32 as `Linear` runs it) over enough copies of the weight that none stays in
 cache between calls (as in a decode step, which reads each weight once). Reports each time, the
 ratio and the weight bytes per second of either, and marks the row counts `dispatch.matmul`
 hands to the native kernel; the thresholds there come from this table.
+
+`--ragged` measures the experts' grouped matmul instead: the native kernel against XLA's
+`ragged_dot`, over the `--moe` engine benchmark's expert weights, for as many rows (token-expert
+assignments) as decode at batch 1, 8 and 32 and a 128-token prefill at batch 1 and 32 make, with
+the rows spread over the experts as uniform routing spreads them.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flipjax.benchmarks.engine import REFERENCE_CONFIG
+from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG
 from kernels_pallas import dispatch, head_parallel, native
 from kernels_pallas.matmul import native_binding as dense_native
+from kernels_pallas.ragged_matmul import native_binding as ragged_native
 
 COPIES_BYTES = 96 << 20  # more than a server CPU's last-level cache
 
@@ -65,9 +71,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default="1,2,4,8,16,32")
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--ragged", action="store_true", help="the experts' grouped matmul")
     args = p.parse_args(argv)
     if not native.available():
         raise SystemExit("bench matmul: the native kernels do not build here (see the log)")
+    if args.ragged:
+        return ragged(jnp.dtype(args.dtype), args.repeats)
     rows_list = [int(r) for r in args.rows.split(",")]
     dtype = jnp.dtype(args.dtype)
     targets = dense_native.targets()
@@ -107,3 +116,24 @@ def _picked(rows: int, columns: int, dtype: jnp.dtype) -> bool:
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("tp",))
     with dispatch.kernels("native"), head_parallel.across(mesh):
         return dispatch.matmul(rows, columns, dtype) is not None
+
+
+def ragged(dtype: jnp.dtype, repeats: int) -> None:
+    """The grouped matmul of `--ragged`: native against XLA's `ragged_dot`, per row count."""
+    experts, k = MOE_CONFIG["num_experts"], MOE_CONFIG["num_experts_per_tok"]
+    h, i = MOE_CONFIG["hidden_size"], MOE_CONFIG["moe_intermediate_size"]
+    targets = ragged_native.targets()
+    ours = jax.jit(lambda x, w, g: ragged_native.ragged_matmul(targets, x, w, g))
+    xla = jax.jit(lambda x, w, g: jax.lax.ragged_dot(x.astype(w.dtype), w, g))
+    rng = np.random.default_rng(0)
+    print(f"{'x @ w[group]':>28} {'native ms':>10} {'xla ms':>8} {'ratio':>7}")
+    for shape in ((experts, h, i), (experts, i, h)):
+        w = jnp.asarray(rng.normal(0, 0.02, shape), dtype)
+        for rows in (k, 8 * k, 32 * k, 128 * k, 32 * 128 * k):
+            choice = rng.integers(0, experts, rows)
+            sizes = jnp.asarray(np.bincount(choice, minlength=experts), jnp.int32)
+            x = jnp.asarray(rng.normal(size=(rows, shape[1])), jnp.float32)
+            t_ours = per_call_seconds(lambda x, w, sizes=sizes: ours(x, w, sizes), x, [w], repeats)
+            t_xla = per_call_seconds(lambda x, w, sizes=sizes: xla(x, w, sizes), x, [w], repeats)
+            name = f"[{rows},{shape[1]}] x {list(shape)}"
+            print(f"{name:>28} {t_ours * 1e3:>10.3f} {t_xla * 1e3:>8.3f} {t_xla / t_ours:>6.1f}x")

@@ -19,9 +19,9 @@ from kernels_pallas import native
 HANDLERS = {jnp.dtype(jnp.float32): "matmul", jnp.dtype(jnp.bfloat16): "matmul_bf16"}
 
 
-def targets(isa: str = "native") -> dict[jnp.dtype, str]:
-    """The FFI target for each weight dtype, built for `isa` (see `native.ISAS`) and registered
-    on first use."""
+def targets(isa: str | None = None) -> dict[jnp.dtype, str]:
+    """The FFI target for each weight dtype, built for `isa` (see `native.ISAS`; default
+    `native.build_isa()`) and registered on first use."""
     return {dtype: native.target(name, isa) for dtype, name in HANDLERS.items()}
 
 

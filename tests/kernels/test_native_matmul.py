@@ -134,3 +134,20 @@ def test_a_linear_on_one_device_runs_the_kernel_and_gives_its_product(dtype, lea
     assert got.shape == want.shape and got.dtype == dtype
     tol = dict(rtol=2**-7, atol=1e-6) if dtype == jnp.bfloat16 else dict(rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(got, np.float32), want, **tol)
+
+
+def test_the_build_the_kernels_run_is_chosen_by_its_variable(monkeypatch):
+    """`FLIPJAX_NATIVE_ARCH` picks the instruction set, so one machine runs another's code."""
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    monkeypatch.setenv(native.ARCH_ENV, "x86-64-v3")
+    with dispatch.kernels("native"), head_parallel.across(one):
+        x, w = _operands(4, 64, 256)
+        program = jax.jit(lambda x, w: dispatch.matmul(4, 256, jnp.float32)(x, w)).lower(x, w)
+    assert "flipjax_matmul_x86_64_v3" in program.as_text()
+    monkeypatch.setenv(native.ARCH_ENV, "avx9")
+    with pytest.raises(ValueError, match="FLIPJAX_NATIVE_ARCH: unknown instruction set 'avx9'"):
+        native.target("matmul")
+    monkeypatch.setenv(native.ARCH_ENV, "x86-64-v4")
+    monkeypatch.setitem(native.ISA_NEEDS, "x86-64-v4", ("a_feature_no_cpu_has",))
+    with pytest.raises(ValueError, match="x86-64-v4: this CPU lacks some of"):
+        native.target("matmul")
