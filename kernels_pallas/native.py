@@ -203,11 +203,17 @@ def _check_private(path: Path, what: str) -> None:
 
 def runs_here(isa: str) -> bool:
     """Whether this CPU has the features code built for `isa` needs."""
+    flags = cpu_flags()
+    return all(need in flags for need in ISA_NEEDS[isa])
+
+
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags, as /proc/cpuinfo names them (empty where it cannot be read)."""
     flags = set()
     for line in _cpu_features().splitlines():
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[1].split())
-    return all(need in flags for need in ISA_NEEDS[isa])
+    return flags
 
 
 def _cache_folder() -> Path:

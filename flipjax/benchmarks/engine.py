@@ -9,6 +9,14 @@ rates time 64 steps of the full batch. Two bounds on a decode step are measured 
 weight read (a matvec over the weight bytes: every weight is read once per step) and the
 matmuls (the step's GEMM FLOPs at the rate of an [batch, 768] x [768, 32000] GEMM); each batch
 reports the fraction of either bound flipjax reaches.
+
+`--moe` runs the mixture-of-experts variant of the model (16 experts, top-2, and a gated shared
+expert on every layer) instead of the dense one. A step then reads only the weights its tokens
+route to, so the weight-read bound counts the active parameters: attention, GDN, the shared
+expert, the router and the routed experts a batch touches (with uniform routing, a batch of b
+touches 16 * (1 - (14/16)^b) experts per layer on average). `--peer llama.cpp` also runs
+llama.cpp's own batched bench on the same checkpoint (`flipjax.benchmarks.llama_cpp`: built once
+from source; where it cannot take the checkpoint it says why and the rest still runs).
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 
 from flipjax.benchmarks.machine import (
@@ -51,6 +61,20 @@ REFERENCE_CONFIG = dict(
     bos_token_id=None,
     pad_token_id=None,
 )
+# Its mixture-of-experts variant: every layer's MLP is 16 experts (top-2) and a shared expert.
+# The vocabulary is the size of the tokenizer llama.cpp's converter is given (see `llama_cpp`),
+# so that all three systems run one checkpoint.
+MOE_CONFIG = dict(
+    REFERENCE_CONFIG,
+    vocab_size=32256,
+    num_experts=16,
+    num_experts_per_tok=2,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    mlp_only_layers=[],
+    decoder_sparse_step=1,
+)
+PEERS = ("transformers", "llama.cpp")
 
 
 @dataclass
@@ -74,12 +98,60 @@ def timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - t0
 
 
+def active_parameters(config: dict, n_params: int, batch: int, *, per_token: bool) -> float:
+    """The parameters a decode step of `batch` rows multiplies, the embedding (a lookup) aside:
+    all of them for a dense model; for a mixture of experts, the routed experts' share. With
+    `per_token`, the ones one token's row uses (the FLOPs of the step are 2 x this x batch);
+    otherwise the ones the whole step reads, its tokens touching 1 - (1 - k/E)^batch of each
+    layer's experts under uniform routing."""
+    dense = n_params - config["vocab_size"] * config["hidden_size"]
+    experts, k = config["num_experts"], config.get("num_experts_per_tok", 0)
+    if not experts:
+        return dense
+    per_expert = 3 * config["hidden_size"] * config["moe_intermediate_size"]
+    all_experts = config["num_hidden_layers"] * experts * per_expert
+    share = k / experts if per_token else 1 - (1 - k / experts) ** batch
+    return dense - all_experts + share * all_experts
+
+
+def kernel_paths(batches: list[int], dtype: jnp.dtype, moe: bool) -> str:
+    """Which kernels a one-device decode step runs, and the build they come from."""
+    import jax
+    from jax.sharding import Mesh
+
+    from kernels_pallas import dispatch, head_parallel, native
+
+    mode = dispatch.current_mode()
+    if mode != "native":
+        return f"kernels: {mode} (the native CPU kernels do not run)"
+    isa = native.build_isa()
+    flags = native.cpu_flags()
+    vectors = "AVX-512" if "avx512f" in flags and isa in ("native", "x86-64-v4") else "AVX2"
+    paths = [f"kernels: native, built for {isa} ({vectors}); decode attention and GDN: native"]
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    with head_parallel.across(one):
+        for batch in batches:
+            native_rows = dispatch.matmul(batch, 768, dtype) is not None
+            paths.append(f"batch {batch} matmuls: {'native' if native_rows else 'XLA'}")
+    if moe:
+        paths.append("experts: native grouped matmul")
+    return "; ".join(paths)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m flipjax.bench engine", description=__doc__)
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--moe", action="store_true", help="the mixture-of-experts variant")
+    p.add_argument(
+        "--peer",
+        action="append",
+        choices=PEERS,
+        default=None,
+        help="peers to run beside flipjax (repeatable; default transformers)",
+    )
     p.add_argument(
         "--max-prefill-tokens",
         type=int,
@@ -94,59 +166,70 @@ def main(argv: list[str] | None = None) -> None:
         help="take each step's tokens in before the next, as in serve",
     )
     args = p.parse_args(argv)
+    peers = args.peer or ["transformers"]
     try:
         import torch
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
     except ImportError as e:
         raise SystemExit(f"bench engine needs the test extra (torch, transformers): {e}") from e
-    import jax.numpy as jnp
+    with tempfile.TemporaryDirectory() as folder:
+        config = MOE_CONFIG if args.moe else REFERENCE_CONFIG
+        torch.manual_seed(0)
+        hf = Qwen3NextForCausalLM(Qwen3NextConfig(**config)).eval()
+        hf = hf.to(getattr(torch, args.dtype))
+        hf.save_pretrained(folder, safe_serialization=True)
+        _run(args, peers, config, hf, Path(folder))
+
+
+def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: Path) -> None:
+    import torch
 
     from flipjax import Engine, SamplingParams
 
     torch.set_num_threads(os.cpu_count() or 1)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     rng = np.random.default_rng(0)
-    with tempfile.TemporaryDirectory() as folder:
-        torch.manual_seed(0)
-        hf = Qwen3NextForCausalLM(Qwen3NextConfig(**REFERENCE_CONFIG)).eval()
-        hf = hf.to(getattr(torch, args.dtype))
-        hf.save_pretrained(folder, safe_serialization=True)
-        n_params = sum(p.numel() for p in hf.parameters())
-        embedding = REFERENCE_CONFIG["vocab_size"] * REFERENCE_CONFIG["hidden_size"]
-        engine = Engine.from_pretrained(
-            folder,
-            args.dtype,
-            max_running_requests=max(batches),
-            max_prefill_tokens=args.max_prefill_tokens or max(batches) * args.prompt_len,
-            max_model_len=args.prompt_len + args.decode_tokens + 16,
-            num_pages=max(batches) * ((args.prompt_len + args.decode_tokens) // 16 + 2),
-            overlap=not args.disable_overlap_schedule,
-        )
+    n_params = sum(p.numel() for p in hf.parameters())
+    engine = Engine.from_pretrained(
+        str(folder),
+        dtype=args.dtype,
+        max_running_requests=max(batches),
+        max_prefill_tokens=args.max_prefill_tokens or max(batches) * args.prompt_len,
+        max_model_len=args.prompt_len + args.decode_tokens + 16,
+        num_pages=max(batches) * ((args.prompt_len + args.decode_tokens) // 16 + 2),
+        overlap=not args.disable_overlap_schedule,
+    )
     t0 = time.perf_counter()
     engine.warmup()
+    kind = "mixture of experts" if config["num_experts"] else "dense"
     print(
-        f"model: {n_params / 1e6:.0f}M parameters, {args.dtype}; flipjax warm-up compile "
-        f"{time.perf_counter() - t0:.0f} s ({engine.stats().compiles} programs)"
+        f"model: {n_params / 1e6:.0f}M parameters ({kind}), {args.dtype}; flipjax warm-up "
+        f"compile {time.perf_counter() - t0:.0f} s ({engine.stats().compiles} programs)"
     )
+    print(kernel_paths(batches, jnp.dtype(args.dtype), bool(config["num_experts"])))
+    llama = None
+    if "llama.cpp" in peers:
+        from flipjax.benchmarks.llama_cpp import run_llama_cpp
+
+        llama = run_llama_cpp(
+            folder, batches, args.prompt_len, args.decode_tokens, os.cpu_count() or 1, args.dtype
+        )
+        print(f"llama.cpp: {llama.skipped or llama.build}")
 
     dtype = jnp.dtype(args.dtype)
-    weight_bytes = dtype.itemsize * n_params
-    bw = copy_bandwidth_gbs()
-    floor_s = matvec_seconds(weight_bytes, dtype=dtype)
+    dense_bytes = dtype.itemsize * active_parameters(config, n_params, 1, per_token=False)
+    read_s = matvec_seconds(int(dense_bytes), dtype=dtype) / dense_bytes  # per byte
     print(
-        f"machine: copy {bw:.1f} GB/s, fp32 matmul {matmul_tflops() * 1e3:.0f} GFLOP/s, "
-        f"matvec over {weight_bytes / 1e6:.0f} MB of weights {floor_s * 1e3:.1f} ms "
-        f"-> batch-1 decode bound {1 / floor_s:.1f} tok/s"
+        f"machine: copy {copy_bandwidth_gbs():.1f} GB/s, fp32 matmul "
+        f"{matmul_tflops() * 1e3:.0f} GFLOP/s, weights read by a matvec at "
+        f"{1 / read_s / 1e9:.1f} GB/s"
     )
-    # A decode step multiplies every weight but the embedding's (a lookup) once per row.
-    step_flops = 2 * (n_params - embedding)
-
     header = (
-        f"{'batch':>5} {'system':>12} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak MB':>8}"
+        f"{'batch':>5} {'system':>15} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak MB':>8}"
     )
     print(header)
     for batch in batches:
-        prompts = rng.integers(0, REFERENCE_CONFIG["vocab_size"], (batch, args.prompt_len))
+        prompts = rng.integers(0, config["vocab_size"], (batch, args.prompt_len))
 
         def run_hf(n: int, prompts: np.ndarray = prompts) -> None:
             with torch.no_grad():
@@ -161,21 +244,32 @@ def main(argv: list[str] | None = None) -> None:
             engine.generate([list(map(int, p)) for p in prompts], sampling=params)
 
         fj = measure(run_fj, batch, args.prompt_len, args.decode_tokens)
-        ref = measure(run_hf, batch, args.prompt_len, args.decode_tokens)
-        for name, t in (("transformers", ref), ("flipjax", fj)):
+        rows = [("flipjax", fj)]
+        if "transformers" in peers:
+            hf_timing = measure(run_hf, batch, args.prompt_len, args.decode_tokens)
+            rows.insert(0, ("transformers", hf_timing))
+        if llama is not None and batch in llama.rates:
+            rate = llama.rates[batch]
+            rows.insert(0, ("llama.cpp", Timing(rate.prefill_tok_s, rate.decode_tok_s, 0.0)))
+        for name, t in rows:
             print(
-                f"{batch:>5} {name:>12} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f} "
-                f"{t.peak_mb:>8.0f}"
+                f"{batch:>5} {name:>15} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f} "
+                f"{t.peak_mb if name != 'llama.cpp' else float('nan'):>8.0f}"
             )
-        print(
-            f"{batch:>5} {'ratio':>12} {fj.prefill_tok_s / ref.prefill_tok_s:>13.2f}x "
-            f"{fj.decode_tok_s / ref.decode_tok_s:>12.2f}x"
+        for name, t in rows[:-1]:
+            print(
+                f"{batch:>5} {'vs ' + name:>15} {fj.prefill_tok_s / t.prefill_tok_s:>13.2f}x "
+                f"{fj.decode_tok_s / t.decode_tok_s:>12.2f}x"
+            )
+        read_bound = batch / (
+            read_s * dtype.itemsize * active_parameters(config, n_params, batch, per_token=False)
         )
-        flop_s = step_flops * batch / gemm_flops(batch, dtype=dtype)
+        flops = 2 * batch * active_parameters(config, n_params, batch, per_token=True)
+        matmul_bound = batch / (flops / gemm_flops(batch, dtype=dtype))
         print(
-            f"      flipjax decode reaches {fj.decode_tok_s * floor_s / batch:.0%} of the "
-            f"weight-read bound ({batch / floor_s:.0f} tok/s) and "
-            f"{fj.decode_tok_s * flop_s / batch:.0%} of the matmul bound "
-            f"({batch / flop_s:.0f} tok/s)"
+            f"      flipjax decode reaches {fj.decode_tok_s / read_bound:.0%} of the "
+            f"weight-read bound ({read_bound:.0f} tok/s) and "
+            f"{fj.decode_tok_s / matmul_bound:.0%} of the matmul bound "
+            f"({matmul_bound:.0f} tok/s)"
         )
     engine.check()

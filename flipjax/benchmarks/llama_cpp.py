@@ -1,0 +1,239 @@
+"""llama.cpp as a peer of `python -m flipjax.bench engine --peer llama.cpp`.
+
+llama.cpp is the engine a CPU user would otherwise pick, so the bench runs its own batched
+bench (`llama-batched-bench`) on the bench's checkpoint, converted by its own converter
+(`convert_hf_to_gguf.py`). Both come from the llama.cpp sources vendored in the
+`llama-cpp-python` source distribution on the package index, downloaded and built once into a
+cache (`FLIPJAX_LLAMA_CPP_CACHE`, default `~/.cache/flipjax/llama.cpp/<version>`); every step
+writes beside its target and renames into place, so a half-done build is never used. It needs
+cmake and a C++ compiler, which `make test`'s install does not bring: it is an optional extra.
+
+The converter needs a tokenizer it recognises, and the bench's random checkpoints have none:
+`llama_cpp_tokenizer` rebuilds one from llama.cpp's own files. Anything that fails (no
+compiler, no download, a checkpoint the converter refuses) comes back as `PeerRun.skipped` with
+the reason; no number is ever made up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flipjax.benchmarks.llama_cpp_tokenizer import TOKENIZER_SIZE, write_tokenizer
+
+VERSION = "0.3.36"  # of llama-cpp-python, whose sdist vendors llama.cpp's sources
+CACHE_ENV = "FLIPJAX_LLAMA_CPP_CACHE"
+
+
+@dataclass(frozen=True)
+class PeerRates:
+    prefill_tok_s: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    rates: dict[int, PeerRates] = field(default_factory=dict)  # by batch size
+    skipped: str | None = None  # why it did not run
+    build: str = ""  # what ran
+
+
+class Unavailable(RuntimeError):
+    """A step llama.cpp's peer run needs could not be done; the message says which and why."""
+
+
+def run_llama_cpp(
+    checkpoint: Path,
+    batches: list[int],
+    prompt_len: int,
+    decode_tokens: int,
+    threads: int,
+    dtype: str = "float32",
+) -> PeerRun:
+    """llama.cpp's prefill and decode rates on `checkpoint` for each batch size, each batch
+    being independent sequences of `prompt_len` prompt and `decode_tokens` generated tokens
+    (as transformers' and flipjax's batches are), on `threads` threads."""
+    try:
+        cache = _cache()
+        for tool in ("cmake", "c++"):  # before any download
+            if shutil.which(tool) is None and not (cache / "llama-batched-bench").exists():
+                raise Unavailable(f"building llama.cpp needs {tool} (apt-get install cmake g++)")
+        source = _sources(cache)
+        binary = _binary(source, cache)
+        model = _gguf(checkpoint, source, cache, "f32" if dtype == "float32" else "bf16")
+        command = [
+            str(binary),
+            "-m",
+            str(model),
+            "-c",
+            str(max(batches) * (prompt_len + decode_tokens) + 64),
+            "-b",
+            "2048",
+            "-ub",
+            "512",
+            "-npp",
+            str(prompt_len),
+            "-ntg",
+            str(decode_tokens),
+            "-npl",
+            ",".join(map(str, batches)),
+            "-t",
+            str(threads),
+            "--output-format",
+            "jsonl",
+        ]
+        done = _run(command, "llama-batched-bench")
+        rates = parse_batched_bench(done.stdout)
+    except Unavailable as e:
+        return PeerRun(skipped=str(e))
+    gguf_type = "f32" if dtype == "float32" else "bf16"
+    return PeerRun(rates, None, f"llama.cpp from llama-cpp-python {VERSION}, {gguf_type} GGUF")
+
+
+def parse_batched_bench(text: str) -> dict[int, PeerRates]:
+    """Rates per batch size from `llama-batched-bench --output-format jsonl`: S_PP and S_TG.
+    ValueError naming the problem on output it cannot read."""
+    rates: dict[int, PeerRates] = {}
+    for line in text.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            row = json.loads(line)
+            rates[int(row["pl"])] = PeerRates(float(row["speed_pp"]), float(row["speed_tg"]))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"llama-batched-bench: unreadable row {line[:120]!r}: {e}") from e
+    if not rates:
+        raise ValueError("llama-batched-bench: no result rows in its output")
+    return rates
+
+
+def _cache() -> Path:
+    base = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "flipjax" / "llama.cpp"
+    folder = Path(base) / VERSION
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _run(command: list[str], what: str, **kw) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, **kw)
+    except FileNotFoundError as e:
+        raise Unavailable(f"{what}: {e.filename} is not installed") from e
+    if done.returncode != 0:
+        last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise Unavailable(f"{what} failed (exit {done.returncode}): {last[0][:300]}")
+    return done
+
+
+def _sources(cache: Path) -> Path:
+    """llama.cpp's sources from the sdist, downloaded and unpacked once."""
+    target = cache / "src"
+    if not target.exists():
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    f"llama-cpp-python=={VERSION}",
+                    "--no-binary",
+                    ":all:",
+                    "--no-deps",
+                    "-d",
+                    tmp,
+                ],
+                "downloading the llama-cpp-python sdist",
+            )
+            (archive,) = Path(tmp).glob("*.tar.gz")
+            with tarfile.open(archive) as tar:
+                tar.extractall(Path(tmp) / "x", filter="data")
+            (unpacked,) = (Path(tmp) / "x").iterdir()
+            os.replace(unpacked / "vendor" / "llama.cpp", tmp + "/llama.cpp")
+            os.replace(tmp + "/llama.cpp", target)
+    return target
+
+
+def _binary(source: Path, cache: Path) -> Path:
+    """`llama-batched-bench`, built once (statically, so the file stands alone)."""
+    target = cache / "llama-batched-bench"
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory(dir=cache) as build:
+        _run(
+            [
+                "cmake",
+                "-S",
+                str(source),
+                "-B",
+                build,
+                "-DCMAKE_BUILD_TYPE=Release",
+                "-DGGML_NATIVE=ON",
+                "-DBUILD_SHARED_LIBS=OFF",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_BUILD_SERVER=OFF",
+            ],
+            "configuring llama.cpp",
+        )
+        jobs = str(os.cpu_count() or 1)
+        _run(
+            ["cmake", "--build", build, "--target", "llama-batched-bench", "-j", jobs],
+            "building llama-batched-bench",
+        )
+        os.replace(Path(build) / "bin" / "llama-batched-bench", target)
+    return target
+
+
+def _gguf(checkpoint: Path, source: Path, cache: Path, outtype: str) -> Path:
+    """The checkpoint converted by llama.cpp's converter (once per checkpoint content)."""
+    key = hashlib.sha256(outtype.encode())
+    for path in sorted(checkpoint.iterdir()):
+        if path.is_file():
+            key.update(path.name.encode())
+            with open(path, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 24), b""):
+                    key.update(block)
+    target = cache / "gguf" / f"{key.hexdigest()[:16]}-{outtype}.gguf"
+    if target.exists():
+        return target
+    target.parent.mkdir(exist_ok=True)
+    vocab = json.loads((checkpoint / "config.json").read_text())["vocab_size"]
+    if vocab < TOKENIZER_SIZE:
+        raise Unavailable(
+            f"llama.cpp's converter needs a tokenizer it recognises; the one the bench can build "
+            f"has {TOKENIZER_SIZE} ids, more than this checkpoint's vocabulary of {vocab}"
+        )
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        folder = Path(tmp) / "model"
+        folder.mkdir()
+        for path in checkpoint.iterdir():  # the caller's folder is never written
+            (folder / path.name).symlink_to(path.resolve())
+        write_tokenizer(folder, source)
+        out = Path(tmp) / "model.gguf"
+        env = dict(os.environ, PYTHONPATH=str(source / "gguf-py"))
+        _run(
+            [
+                sys.executable,
+                str(source / "convert_hf_to_gguf.py"),
+                str(folder),
+                "--outtype",
+                outtype,
+                "--outfile",
+                str(out),
+                "--no-mtp",
+            ],
+            "llama.cpp's converter",
+            env=env,
+        )
+        os.replace(out, target)
+    return target
