@@ -116,26 +116,28 @@ def active_parameters(config: dict, n_params: int, batch: int, *, per_token: boo
 
 def kernel_paths(batches: list[int], dtype: jnp.dtype, moe: bool) -> str:
     """Which kernels a one-device decode step runs, and the build they come from."""
-    import jax
-    from jax.sharding import Mesh
-
-    from kernels_pallas import dispatch, head_parallel, native
+    from flipjax.benchmarks.matmul import native_matmul_picked
+    from kernels_pallas import dispatch, native
 
     mode = dispatch.current_mode()
     if mode != "native":
         return f"kernels: {mode} (the native CPU kernels do not run)"
     isa = native.build_isa()
-    flags = native.cpu_flags()
-    vectors = "AVX-512" if "avx512f" in flags and isa in ("native", "x86-64-v4") else "AVX2"
+    vectors = _vectors(isa, native.cpu_flags())
     paths = [f"kernels: native, built for {isa} ({vectors}); decode attention and GDN: native"]
-    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
-    with head_parallel.across(one):
-        for batch in batches:
-            native_rows = dispatch.matmul(batch, 768, dtype) is not None
-            paths.append(f"batch {batch} matmuls: {'native' if native_rows else 'XLA'}")
+    for batch in batches:
+        picked = native_matmul_picked(batch, 768, dtype)
+        paths.append(f"batch {batch} matmuls: {'native' if picked else 'XLA'}")
     if moe:
         paths.append("experts: native grouped matmul")
     return "; ".join(paths)
+
+
+def _vectors(isa: str, flags: set[str]) -> str:
+    """The widest vector instructions a build for `isa` uses on a CPU with `flags`."""
+    if isa == "native":
+        isa = "x86-64-v4" if "avx512f" in flags else "x86-64-v3" if "avx2" in flags else ""
+    return {"x86-64-v4": "AVX-512", "x86-64-v3": "AVX2", "x86-64-v2": "SSE4.2"}.get(isa, "SSE")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             x = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
             t_ours = per_call_seconds(ours, x, ws, args.repeats)
             t_xla = per_call_seconds(xla, x, ws, args.repeats)
-            picked = _picked(m, n, dtype)
+            picked = native_matmul_picked(m, n, dtype)
             print(
                 f"{f'[{m},{k}] x [{k},{n}]':>24} {t_ours * 1e3:>10.3f} {t_xla * 1e3:>8.3f} "
                 f"{t_xla / t_ours:>5.2f}x {nbytes / t_ours / 1e9:>12.1f} "
@@ -111,7 +111,7 @@ def _xla_product(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.matmul(rows.astype(w.dtype), w, preferred_element_type=jnp.float32)[: x.shape[0]]
 
 
-def _picked(rows: int, columns: int, dtype: jnp.dtype) -> bool:
+def native_matmul_picked(rows: int, columns: int, dtype: jnp.dtype) -> bool:
     """Whether a one-device decode step in `native` mode runs this product natively."""
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("tp",))
     with dispatch.kernels("native"), head_parallel.across(mesh):
