@@ -32,6 +32,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from flipjax.benchmarks.kernel_paths import kernel_paths
 from flipjax.benchmarks.machine import (
     copy_bandwidth_gbs,
     gemm_flops,
@@ -112,32 +113,6 @@ def active_parameters(config: dict, n_params: int, batch: int, *, per_token: boo
     all_experts = config["num_hidden_layers"] * experts * per_expert
     share = k / experts if per_token else 1 - (1 - k / experts) ** batch
     return dense - all_experts + share * all_experts
-
-
-def kernel_paths(batches: list[int], dtype: jnp.dtype, moe: bool) -> str:
-    """Which kernels a one-device decode step runs, and the build they come from."""
-    from flipjax.benchmarks.matmul import native_matmul_picked
-    from kernels_pallas import dispatch, native
-
-    mode = dispatch.current_mode()
-    if mode != "native":
-        return f"kernels: {mode} (the native CPU kernels do not run)"
-    isa = native.build_isa()
-    vectors = _vectors(isa, native.cpu_flags())
-    paths = [f"kernels: native, built for {isa} ({vectors}); decode attention and GDN: native"]
-    for batch in batches:
-        picked = native_matmul_picked(batch, 768, dtype)
-        paths.append(f"batch {batch} matmuls: {'native' if picked else 'XLA'}")
-    if moe:
-        paths.append("experts: native grouped matmul")
-    return "; ".join(paths)
-
-
-def _vectors(isa: str, flags: set[str]) -> str:
-    """The widest vector instructions a build for `isa` uses on a CPU with `flags`."""
-    if isa == "native":
-        isa = "x86-64-v4" if "avx512f" in flags else "x86-64-v3" if "avx2" in flags else ""
-    return {"x86-64-v4": "AVX-512", "x86-64-v3": "AVX2", "x86-64-v2": "SSE4.2"}.get(isa, "SSE")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG
-from kernels_pallas import dispatch, head_parallel, native
+from flipjax.benchmarks.kernel_paths import native_matmul_picked
+from kernels_pallas import native
 from kernels_pallas.matmul import native_binding as dense_native
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
 
@@ -109,13 +110,6 @@ def _xla_product(x: jax.Array, w: jax.Array) -> jax.Array:
         return x @ w
     rows = x if x.shape[0] > 1 else jnp.concatenate([x, x])
     return jnp.matmul(rows.astype(w.dtype), w, preferred_element_type=jnp.float32)[: x.shape[0]]
-
-
-def native_matmul_picked(rows: int, columns: int, dtype: jnp.dtype) -> bool:
-    """Whether a one-device decode step in `native` mode runs this product natively."""
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("tp",))
-    with dispatch.kernels("native"), head_parallel.across(mesh):
-        return dispatch.matmul(rows, columns, dtype) is not None
 
 
 def ragged(dtype: jnp.dtype, repeats: int) -> None:
