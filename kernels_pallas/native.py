@@ -223,6 +223,7 @@ def _cache_folder() -> Path:
     return Path(base) / "flipjax" / "native"
 
 
+@functools.cache  # asked at every kernel lookup (via `build_isa`); a CPU does not change
 def _cpu_features() -> str:
     """What `-march=native` compiles for: the CPU's model and feature flags."""
     try:
