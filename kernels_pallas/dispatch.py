@@ -25,6 +25,7 @@ from kernels_pallas import head_parallel, native
 from kernels_pallas.gdn import native_binding as gdn_native
 from kernels_pallas.gdn import reference as gdn_reference
 from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel
+from kernels_pallas.matmul import calibration as matmul_calibration
 from kernels_pallas.matmul import native_binding as matmul_native
 from kernels_pallas.paged_attention import native_binding as attention_native
 from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
@@ -37,14 +38,6 @@ MODES = ("pallas", "native", "reference", "interpret")
 REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no kernel does
 # A GPU has ~100+ SMs; split long contexts until there are about this many programs.
 _TARGET_PROGRAMS = 128
-# Where the native matmul beat XLA's dot (`python -m flipjax.bench matmul [--dtype]`), by the
-# weight's dtype, over at least 128 columns, confirmed by whole bench-model decode steps (two
-# engines stepping in turn in one process): fp32 at 2 to 32 rows (one row is XLA's matvec,
-# which streams the weight at full speed; at 64 rows the two are even; batch-32 steps took
-# 0.83x the time with the kernel); bf16 at 1 to 8 (XLA has no fast bf16 matvec; batch-8 steps
-# took 0.71x; at 16 rows, 0.97x, and from 32 XLA's GEMM with this CPU's bf16 dot-product
-# instructions wins).
-NATIVE_MATMUL_ROWS = {jnp.dtype(jnp.float32): range(2, 33), jnp.dtype(jnp.bfloat16): range(1, 9)}
 NATIVE_MATMUL_MIN_COLUMNS = 128
 
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -182,15 +175,16 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
     """The native kernel for `x [rows, K] @ w [K, columns]` with w of `dtype` (x in fp32;
     `matmul.native_binding.matmul` without its first argument), or None where XLA's dot runs.
 
-    It runs in `native` mode for the row counts `NATIVE_MATMUL_ROWS` gives the dtype, over at
-    least `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
+    It runs in `native` mode for the row counts this machine's calibration gives the dtype
+    (`matmul.calibration.native_rows`: where the kernel beat XLA's dot here), over at least
+    `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
     partitioner cannot split a custom call, so under a mesh it would gather the weight.
     """
     if not head_parallel.local() or current_mode() != "native":  # cheapest question first
         return None
-    if rows not in NATIVE_MATMUL_ROWS.get(jnp.dtype(dtype), ()):
+    if columns < NATIVE_MATMUL_MIN_COLUMNS or jnp.dtype(dtype) not in matmul_native.HANDLERS:
         return None
-    if columns < NATIVE_MATMUL_MIN_COLUMNS:
+    if rows not in matmul_calibration.native_rows(dtype):
         return None
     return functools.partial(matmul_native.matmul, matmul_native.targets())
 

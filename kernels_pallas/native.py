@@ -182,18 +182,32 @@ def _headers(source: Path) -> list[Path]:
     return sorted({*SHARED_HEADERS.glob("*.h"), *source.parent.glob("*.h")})
 
 
+def cached_beside(name: str, isa: str, suffix: str) -> Path:
+    """A path in the cache named by the same key as the library of `name` built for `isa`, so
+    that what is measured of a build (`matmul.calibration`) is cached with it, and a new build
+    measures again."""
+    library = _library_path(name, isa)[0]
+    return library.with_name(library.stem + suffix)
+
+
+def private_problem(path: Path, what: str) -> str | None:
+    """Why `path` (a "folder", or a plain file of the kind `what` names) cannot be trusted: not
+    this user's own, a link, or writable by others; None when it can."""
+    st = os.lstat(path)
+    kind = stat.S_ISDIR if what == "folder" else stat.S_ISREG
+    if not kind(st.st_mode):
+        return f"is not a plain {what}"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not this user ({os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"can be written by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def _check_private(path: Path, what: str) -> None:
     """RuntimeError naming `path` unless it is this user's own, not a link, and writable by
     nobody else."""
-    st = os.lstat(path)
-    kind = stat.S_ISDIR if what == "folder" else stat.S_ISREG
-    problem = None
-    if not kind(st.st_mode):
-        problem = f"is not a plain {what}"
-    elif st.st_uid != os.geteuid():
-        problem = f"is owned by uid {st.st_uid}, not this user ({os.geteuid()})"
-    elif st.st_mode & 0o022:
-        problem = f"can be written by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    problem = private_problem(path, what)
     if problem is not None:
         raise RuntimeError(
             f"native kernel cache: {path} {problem}; refusing to load kernels from it "

@@ -44,6 +44,10 @@ os.environ["XLA_FLAGS"] = (
     + " --xla_cpu_collective_call_terminate_timeout_seconds=900"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Which products the native matmul takes is measured per machine (kernels_pallas/matmul/
+# calibration.py); the suite pins it, so that every machine routes the same products to the
+# kernel and checks the same programs. test_matmul_calibration.py checks the measuring.
+os.environ.setdefault("FLIPJAX_NATIVE_MATMUL_ROWS", "float32=2-32,bfloat16=1-8")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if os.environ.get("FLIPJAX_TEST_XLA_CACHE_OWNER") is None:
     _cache = tempfile.mkdtemp(prefix="flipjax-test-xla-cache-")

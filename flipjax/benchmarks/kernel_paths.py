@@ -3,11 +3,14 @@ build they come from: printed beside the numbers so a rate is never read without
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from kernels_pallas import dispatch, head_parallel, native
+from kernels_pallas.matmul import calibration
 
 
 def native_matmul_picked(rows: int, columns: int, dtype: jnp.dtype) -> bool:
@@ -25,6 +28,9 @@ def kernel_paths(batches: list[int], dtype: jnp.dtype, moe: bool) -> str:
     isa = native.build_isa()
     vectors = _vectors(isa, native.cpu_flags())
     paths = [f"kernels: native, built for {isa} ({vectors}); decode attention and GDN: native"]
+    source = calibration.ROWS_ENV if os.environ.get(calibration.ROWS_ENV) else "calibrated here"
+    choice = {name: calibration.native_rows(name, isa) for name in calibration.DTYPES}
+    paths.append(f"native matmul {calibration.describe(choice)} ({source})")
     for batch in batches:
         picked = native_matmul_picked(batch, 768, dtype)
         paths.append(f"batch {batch} matmuls: {'native' if picked else 'XLA'}")

@@ -11,6 +11,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas.matmul import native_binding as matmul_native
+
 
 def best_of(fn: Callable[[], object], repeats: int = 5) -> float:
     """Fastest wall time of `fn()` (blocked until ready) over `repeats` runs, after one warm-up."""
@@ -39,11 +41,20 @@ def matvec_seconds(nbytes: int, width: int = 768, dtype: jnp.dtype = jnp.float32
     return best_of(lambda: mv(v, w))
 
 
-def gemm_flops(m: int, k: int = 768, n: int = 32000, dtype: jnp.dtype = jnp.float32) -> float:
-    """FLOP/s of an [m, k] x [k, n] matmul: what a batch-m decode step's GEMMs can run at."""
-    a = jnp.ones((_rows(m, dtype), k), dtype)
+def gemm_flops(
+    m: int, k: int = 768, n: int = 32000, dtype: jnp.dtype = jnp.float32, kernel: str = "xla"
+) -> float:
+    """FLOP/s of an [m, k] x [k, n] matmul: what a batch-m decode step's GEMMs can run at, by
+    XLA's dot (`kernel="xla"`) or by the native matmul (`"native"`; the engine's `Linear` runs
+    whichever this machine's calibration picked, so a bound should take the faster)."""
     b = jnp.ones((k, n), dtype) * 0.5
-    mm = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
+    if kernel == "native":
+        targets = matmul_native.targets()
+        a = jnp.ones((m, k), jnp.float32)
+        mm = jax.jit(lambda x, w: matmul_native.matmul(targets, x, w))
+    else:
+        a = jnp.ones((_rows(m, dtype), k), dtype)
+        mm = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
     return 2 * m * k * n / best_of(lambda: mm(a, b))
 
 

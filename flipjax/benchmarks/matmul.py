@@ -5,7 +5,8 @@ run `x [rows, in] @ w [in, out]` (w in fp32, or bf16 with `--dtype bfloat16`, ac
 fp32 as `Linear` runs it) over enough copies of the weight that none stays in
 cache between calls (as in a decode step, which reads each weight once). Reports each time, the
 ratio and the weight bytes per second of either, and marks the row counts `dispatch.matmul`
-hands to the native kernel; the thresholds there come from this table.
+hands to the native kernel (this machine's calibration, `kernels_pallas/matmul/calibration.py`,
+which times the same two products).
 
 `--ragged` measures the experts' grouped matmul instead: the native kernel against XLA's
 `ragged_dot`, over the `--moe` engine benchmark's expert weights, for as many rows (token-expert
@@ -28,6 +29,7 @@ from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG
 from flipjax.benchmarks.kernel_paths import native_matmul_picked
 from kernels_pallas import native
 from kernels_pallas.matmul import native_binding as dense_native
+from kernels_pallas.matmul.xla_form import xla_matmul
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
 
 COPIES_BYTES = 96 << 20  # more than a server CPU's last-level cache
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = jnp.dtype(args.dtype)
     targets = dense_native.targets()
     ours = jax.jit(lambda x, w: dense_native.matmul(targets, x, w))
-    xla = jax.jit(lambda x, w: _xla_product(x, w))
+    xla = jax.jit(lambda x, w: xla_matmul(x.astype(w.dtype), w))  # as `Linear` runs it
     rng = np.random.default_rng(0)
     print(
         f"{'x @ w':>24} {'native ms':>10} {'xla ms':>8} {'ratio':>6} {'GB/s native':>12} "
@@ -102,14 +104,6 @@ def main(argv: list[str] | None = None) -> None:
                 f"{t_xla / t_ours:>5.2f}x {nbytes / t_ours / 1e9:>12.1f} "
                 f"{nbytes / t_xla / 1e9:>6.1f}  {'native' if picked else 'xla'}"
             )
-
-
-def _xla_product(x: jax.Array, w: jax.Array) -> jax.Array:
-    """XLA's dot as `Linear` runs it: fp32 as is; bf16 accumulated in fp32, one row as two."""
-    if w.dtype == jnp.float32:
-        return x @ w
-    rows = x if x.shape[0] > 1 else jnp.concatenate([x, x])
-    return jnp.matmul(rows.astype(w.dtype), w, preferred_element_type=jnp.float32)[: x.shape[0]]
 
 
 def ragged(dtype: jnp.dtype, repeats: int) -> None:

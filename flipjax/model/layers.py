@@ -18,6 +18,7 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from kernels_pallas import dispatch
+from kernels_pallas.matmul.xla_form import xla_matmul
 
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float) -> jax.Array:
@@ -39,17 +40,7 @@ class Linear(nnx.Module):
         if native is not None:  # a decode step's few rows (see `dispatch.matmul`)
             y = native(x.reshape(num_rows, -1).astype(jnp.float32), w)
             return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[1])
-        if w.dtype == jnp.float32:
-            return jnp.einsum("...i,io->...o", x, w)
-        # Low-precision weights accumulate in fp32 (XLA:CPU runs bf16 x bf16 -> bf16 about 10x
-        # slower than the same product accumulated in fp32), and on the CPU a single row is
-        # padded to two: one row takes XLA's matvec path, which has no fast bf16 kernel.
-        rows = x.reshape(-1, x.shape[-1])
-        n = rows.shape[0]
-        if n == 1 and jax.default_backend() == "cpu":
-            rows = jnp.concatenate([rows, rows])
-        y = jnp.einsum("ri,io->ro", rows, w, preferred_element_type=jnp.float32)[:n]
-        return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[1])
+        return xla_matmul(x, w)
 
 
 class Embedding(nnx.Module):

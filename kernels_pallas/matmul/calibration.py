@@ -1,0 +1,240 @@
+"""Which row counts the native matmul takes on this machine: chosen by timing it against XLA's
+dot once per kernel build, and cached with the build.
+
+Where the kernel beats XLA's dot depends on the CPU, so no constant holds everywhere. On one
+AVX-512 machine the fp32 kernel won from 2 to 32 rows; built for AVX2 on the same machine it
+lost from 32 rows on, to half XLA's rate (`python -m flipjax.bench matmul`). The first use of
+`native_rows` for a build therefore times both products as the engine runs them, over weights
+larger than a last-level cache (a decode step reads each weight once), and keeps, per weight
+dtype, the run of candidate row counts over which the kernel saved the most. The choice is
+written beside the kernel's library, under the same key (source, flags, jaxlib, CPU), so it is
+made once: every later step and process dispatches the same way, and a row count never flips
+between paths from one run to the next, so neither do tokens.
+
+`FLIPJAX_NATIVE_MATMUL_ROWS` sets the choice instead: `float32=2-32,bfloat16=1-8` (a dtype left
+out runs XLA's dot), or `none`. This module imports nothing from flipjax.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels_pallas import native
+from kernels_pallas.matmul import native_binding
+from kernels_pallas.matmul.xla_form import xla_matmul
+
+ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
+DTYPES = ("float32", "bfloat16")
+CANDIDATE_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
+SWEEP_BYTES = 48 << 20  # weights per timed pass: more than most CPUs' last-level cache
+ROUNDS = 5
+MAX_ROWS = 1 << 16
+CACHE_SUFFIX = ".rows.json"
+
+# Per dtype name, per row count: (native seconds, XLA seconds) per product.
+Times = dict[str, dict[int, tuple[float, float]]]
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+
+
+def native_rows(dtype: jnp.dtype, isa: str | None = None) -> range:
+    """The row counts whose products with a `dtype` weight the native kernel runs, for the
+    build `isa` (default: `native.build_isa()`): `FLIPJAX_NATIVE_MATMUL_ROWS` if set, else
+    this machine's calibration (measured on first use, then read from the cache)."""
+    name = jnp.dtype(dtype).name
+    spec = os.environ.get(ROWS_ENV)
+    choice = parse(spec) if spec else calibrated(isa or native.build_isa())
+    return choice.get(name, range(0))
+
+
+@functools.cache
+def parse(spec: str) -> dict[str, range]:
+    """`float32=2-32,bfloat16=1-8` (or `none`) as ranges; ValueError naming the variable."""
+    if spec.strip() == "none":
+        return {}
+    choice = {}
+    for part in spec.split(","):
+        name, _, bounds = part.strip().partition("=")
+        lo, _, hi = bounds.partition("-")
+        if name not in DTYPES or name in choice or not (lo.isdigit() and hi.isdigit()):
+            raise ValueError(
+                f"{ROWS_ENV}: cannot read {part!r}; expected e.g. 'float32=2-32,bfloat16=1-8' "
+                f"(dtypes {DTYPES}, each once) or 'none'"
+            )
+        if not 1 <= int(lo) <= int(hi) <= MAX_ROWS:
+            raise ValueError(f"{ROWS_ENV}: {part!r} needs 1 <= low <= high <= {MAX_ROWS}")
+        choice[name] = range(int(lo), int(hi) + 1)
+    return choice
+
+
+def calibrated(isa: str) -> dict[str, range]:
+    """The cached choice for the build `isa`, measured and cached first if there is none."""
+    with _lock:
+        return _calibrated(isa)
+
+
+@functools.cache
+def _calibrated(isa: str) -> dict[str, range]:
+    path = native.cached_beside("matmul", isa, CACHE_SUFFIX)
+    choice = load(path)
+    if choice is None:
+        # In a thread of its own: the first use is usually while a step is being traced, and
+        # the products timed here must run, not be staged into that trace.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            times = pool.submit(measure, isa).result()
+        choice = choose(times)
+        store(path, choice, times)
+        log.info(
+            "native matmul calibrated for the %s build: %s (cached in %s)",
+            isa,
+            describe(choice),
+            path,
+        )
+    return choice
+
+
+def describe(choice: dict[str, range]) -> str:
+    """`float32 rows 2-32, bfloat16 rows 1-8` (`XLA` for a dtype the kernel never takes)."""
+    parts = []
+    for name in DTYPES:
+        rows = choice.get(name, range(0))
+        parts.append(f"{name} rows {rows.start}-{rows.stop - 1}" if rows else f"{name} XLA")
+    return ", ".join(parts)
+
+
+def choose(times: Times) -> dict[str, range]:
+    """Per dtype, the run of consecutive candidates over which the kernel saves the most (the
+    sum of 1 - native/XLA time: a batch of each size counts alike), from its first row count to
+    its last; none where it saves nothing. A run may bridge one candidate the kernel lost by
+    less than its neighbours won, as noise on a busy machine does."""
+    choice = {}
+    for name, by_rows in times.items():
+        rows = sorted(by_rows)
+        best, best_span = 0.0, range(0)
+        total, start = 0.0, 0
+        for i, m in enumerate(rows):
+            native_s, xla_s = by_rows[m]
+            if total <= 0:
+                total, start = 0.0, i
+            total += 1 - native_s / xla_s
+            if total > best:
+                best, best_span = total, range(rows[start], m + 1)
+        choice[name] = best_span
+    return choice
+
+
+def measure(
+    isa: str,
+    rows: tuple[int, ...] = CANDIDATE_ROWS,
+    shape: tuple[int, int] = WEIGHT_SHAPE,
+    sweep_bytes: int = SWEEP_BYTES,
+    rounds: int = ROUNDS,
+) -> Times:
+    """Per dtype and row count, the fastest of `rounds` interleaved passes of each product over
+    enough copies of a `shape` weight to fill `sweep_bytes`, per product."""
+    device = jax.local_devices(backend="cpu")[0]
+    targets = native_binding.targets(isa)
+    ours = jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
+    theirs = jax.jit(xla_matmul)
+    rng = np.random.default_rng(0)
+    times: Times = {}
+    for name in DTYPES:
+        dtype = jnp.dtype(name)
+        copies = max(2, sweep_bytes // (shape[0] * shape[1] * dtype.itemsize))
+        weights = [
+            jax.device_put((rng.standard_normal(shape) * 0.02).astype(dtype), device)
+            for _ in range(copies)
+        ]
+        times[name] = {}
+        for m in rows:
+            x = jax.device_put(rng.standard_normal((m, shape[0])).astype(np.float32), device)
+            x_model = x.astype(dtype)  # Linear's input on XLA's path is in the model's dtype
+            _check_agree(np.asarray(ours(x, weights[0])), np.asarray(theirs(x_model, weights[0])))
+            native_pass = _timed_pass(lambda w, x=x: ours(x, w), weights)
+            xla_pass = _timed_pass(lambda w, x=x_model: theirs(x, w), weights)
+            best = [float("inf"), float("inf")]
+            for _ in range(rounds):
+                best = [min(best[0], native_pass()), min(best[1], xla_pass())]
+            times[name][m] = (best[0] / copies, best[1] / copies)
+    return times
+
+
+def _check_agree(native_y: np.ndarray, xla_y: np.ndarray) -> None:
+    """RuntimeError unless the two products agree (to bf16 rounding of XLA's input): a kernel
+    that computes something else must not win on speed."""
+    if not np.allclose(native_y, xla_y.astype(np.float32), rtol=2e-2, atol=2e-2):
+        worst = float(np.max(np.abs(native_y - xla_y.astype(np.float32))))
+        raise RuntimeError(f"native matmul calibration: the kernel and XLA's dot differ by {worst}")
+
+
+def _timed_pass(product: Callable[[jax.Array], jax.Array], weights: list[jax.Array]):
+    """A function timing one pass of `product` over every weight (compiled and warmed here)."""
+    jax.block_until_ready([product(w) for w in weights])
+
+    def timed() -> float:
+        t0 = time.perf_counter()
+        jax.block_until_ready([product(w) for w in weights])
+        return time.perf_counter() - t0
+
+    return timed
+
+
+def load(path: Path) -> dict[str, range] | None:
+    """The choice cached at `path`; None (and why, logged) if there is none that can be
+    trusted: absent, not this user's own or writable by others, or not a valid choice."""
+    if not os.path.lexists(path):
+        return None
+    problem = native.private_problem(path, "file")
+    if problem is None:
+        try:
+            cached = json.loads(path.read_text())["rows"]
+            return {name: _checked_range(cached[name]) for name in DTYPES}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problem = f"is not a valid choice ({type(e).__name__}: {e})"
+    log.warning("native matmul calibration %s %s; measuring again", path, problem)
+    return None
+
+
+def _checked_range(bounds: object) -> range:
+    if bounds is None:
+        return range(0)
+    if not (isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int for b in bounds)):
+        raise ValueError(f"rows must be [low, high] or null, got {bounds!r}")
+    lo, hi = bounds
+    if not 1 <= lo <= hi <= MAX_ROWS:
+        raise ValueError(f"rows [{lo}, {hi}] outside 1 <= low <= high <= {MAX_ROWS}")
+    return range(lo, hi + 1)
+
+
+def store(path: Path, choice: dict[str, range], times: Times) -> None:
+    """Write the choice (and the times behind it) to `path` atomically, readable by this user
+    only: a reader never sees half a file."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    rows = {n: [r.start, r.stop - 1] if (r := choice.get(n, range(0))) else None for n in DTYPES}
+    seconds = {n: {str(m): list(t) for m, t in by_rows.items()} for n, by_rows in times.items()}
+    body = json.dumps({"rows": rows, "seconds": seconds}).encode()
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".rows-", suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)

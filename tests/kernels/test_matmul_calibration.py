@@ -1,0 +1,136 @@
+"""The native matmul's row counts are chosen on each machine by timing it against XLA's dot:
+the choice follows the times, is measured once per build and then read from the cache, is
+measured again where the cached file cannot be trusted, runs even when first asked while a step
+is being traced, and can be set by `FLIPJAX_NATIVE_MATMUL_ROWS`, refused by name when it cannot
+be read.
+
+The suite pins the choice (tests/conftest.py) so that every machine routes the same products
+to the kernel; the tests here unset it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import Mesh
+
+from flipjax.model.layers import Linear
+from kernels_pallas import dispatch, head_parallel, native
+from kernels_pallas.matmul import calibration
+
+F32, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
+REAL_MEASURE = calibration.measure  # the fixture below replaces it
+
+
+def _times(ratios: dict[int, float]) -> dict[int, tuple[float, float]]:
+    """Times where the kernel takes `ratio` of XLA's time at each row count."""
+    return {rows: (ratio * 1e-3, 1e-3) for rows, ratio in ratios.items()}
+
+
+def test_the_choice_is_the_run_of_row_counts_where_the_kernel_saves_most():
+    times = {
+        "float32": _times({1: 1.1, 2: 0.5, 4: 0.5, 8: 0.6, 16: 0.8, 32: 0.9, 48: 1.2, 64: 1.4}),
+        # AVX2-like: the kernel loses from 16 rows; a loss at 2 smaller than its neighbours'
+        # gains is noise and is bridged.
+        "bfloat16": _times({1: 0.4, 2: 1.05, 4: 0.5, 8: 0.7, 16: 1.3, 32: 1.6}),
+    }
+    assert calibration.choose(times) == {"float32": range(2, 33), "bfloat16": range(1, 9)}
+    never = {"float32": _times({1: 1.2, 8: 1.01}), "bfloat16": _times({1: 2.0})}
+    assert calibration.choose(never) == {"float32": range(0), "bfloat16": range(0)}
+
+
+@pytest.fixture()
+def unpinned(tmp_path, monkeypatch):
+    """No choice set by the variable, and a fresh cache whose calibrations are counted."""
+    monkeypatch.delenv(calibration.ROWS_ENV, raising=False)
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "native"))
+    calibration._calibrated.cache_clear()
+    measured = []
+
+    def fake_measure(isa: str):
+        measured.append(isa)
+        return {
+            "float32": _times({1: 1.1, 2: 0.5, 4: 0.6, 8: 1.2}),
+            "bfloat16": _times({1: 0.5, 2: 1.5}),
+        }
+
+    monkeypatch.setattr(calibration, "measure", fake_measure)
+    yield measured
+    calibration._calibrated.cache_clear()
+
+
+def test_it_is_measured_once_per_build_then_read_from_the_cache(unpinned):
+    assert calibration.native_rows(F32, "native") == range(2, 5)
+    assert calibration.native_rows(BF16, "native") == range(1, 2)
+    assert unpinned == ["native"]
+    calibration._calibrated.cache_clear()  # a new process
+    assert calibration.native_rows(F32, "native") == range(2, 5)
+    assert unpinned == ["native"]  # read, not measured
+    path = native.cached_beside("matmul", "native", calibration.CACHE_SUFFIX)
+    assert json.loads(path.read_text())["rows"] == {"float32": [2, 4], "bfloat16": [1, 1]}
+    assert os.stat(path).st_mode & 0o077 == 0
+    calibration.native_rows(F32, "x86-64-v3")  # another build is measured on its own
+    assert unpinned == ["native", "x86-64-v3"]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["not json", '{"rows": {"float32": [4, 2], "bfloat16": null}}', "others can write"],
+)
+def test_a_cached_choice_that_cannot_be_trusted_is_measured_again(unpinned, caplog, damage):
+    calibration.native_rows(F32, "native")
+    path = native.cached_beside("matmul", "native", calibration.CACHE_SUFFIX)
+    if damage == "others can write":
+        os.chmod(path, 0o666)
+    else:
+        path.write_text(damage)
+    calibration._calibrated.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=calibration.__name__):
+        assert calibration.native_rows(F32, "native") == range(2, 5)
+    assert unpinned == ["native", "native"]
+    assert f"{path} " in caplog.text and "measuring again" in caplog.text
+    assert calibration.load(path) == {"float32": range(2, 5), "bfloat16": range(1, 2)}
+    assert os.stat(path).st_mode & 0o077 == 0
+
+
+def test_the_variable_sets_the_choice_and_a_bad_one_is_refused_by_name(monkeypatch):
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    monkeypatch.setenv(calibration.ROWS_ENV, "float32=1-64")
+    with dispatch.kernels("native"), head_parallel.across(one):
+        assert dispatch.matmul(1, 768, F32) is not None and dispatch.matmul(64, 768, F32)
+        assert dispatch.matmul(65, 768, F32) is None
+        assert dispatch.matmul(2, 768, BF16) is None  # left out: XLA's dot
+    monkeypatch.setenv(calibration.ROWS_ENV, "none")
+    with dispatch.kernels("native"), head_parallel.across(one):
+        assert dispatch.matmul(4, 768, F32) is None
+    for bad in ("float32=8-2", "float32=2-32,float32=1-4", "fp32=2-32", "float32=two-32"):
+        monkeypatch.setenv(calibration.ROWS_ENV, bad)
+        with pytest.raises(ValueError, match=calibration.ROWS_ENV):
+            calibration.native_rows(F32)
+
+
+def test_a_real_calibration_runs_while_a_step_is_traced(unpinned, monkeypatch):
+    """The first use is at trace time; the timed products must run, not join the trace."""
+    small = functools.partial(
+        REAL_MEASURE, rows=(2, 8), shape=(256, 512), sweep_bytes=1 << 20, rounds=1
+    )
+    monkeypatch.setattr(calibration, "measure", small)
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    lin = Linear(256, 512, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    x = jnp.ones((2, 256), jnp.float32)
+    with dispatch.kernels("native"), head_parallel.across(one):
+        program = jax.jit(lin.__call__).lower(x).as_text()
+    path = native.cached_beside("matmul", native.build_isa(), calibration.CACHE_SUFFIX)
+    seconds = json.loads(path.read_text())["seconds"]
+    assert set(seconds) == {"float32", "bfloat16"}
+    assert all(t > 0 for d in seconds.values() for pair in d.values() for t in pair)
+    chosen = calibration.native_rows(F32)
+    assert ("flipjax_matmul" in program) == (2 in chosen)
