@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     for layout in config.layout.arm:
         engine.arm(layout)
         log.info("armed layout %s", layout)
+    log.info("%s", engine.memory().table())
     autopilot = _autopilot(config, engine, log)
     from serve.chat_template import load_template
 

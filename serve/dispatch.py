@@ -70,6 +70,8 @@ class Dispatcher:
                 return e.flip(to, reseed)
             case m.ReadStats():
                 return e.stats()
+            case m.ReadMemory():
+                return e.memory()
             case m.ReadPhase():
                 pilot = self.autopilot
                 return Phase(e.stats(), pilot.describe() if pilot else {"policy": "manual"})

@@ -92,6 +92,11 @@ class ReadStats:
 
 
 @dataclass(frozen=True)
+class ReadMemory:
+    """The per-device memory ledger -> MemoryReport."""
+
+
+@dataclass(frozen=True)
 class ReadPhase:
     """The layout and the phase policy's state -> Phase."""
 
@@ -168,6 +173,7 @@ Message = (
     Abort
     | Flip
     | ReadStats
+    | ReadMemory
     | ReadPhase
     | FlushCache
     | ReadSession

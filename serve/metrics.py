@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from flipjax.engine.engine import Output
 from flipjax.engine.faults import STAGES as FAULT_STAGES
 from flipjax.engine.stats import EngineStats
+from sharding.ledger import MemoryReport
 
 TIERS = ("device", "host", "disk", "remote")
 RELIEF_STEPS = ("evicted", "throttled", "retracted", "parked")
@@ -127,6 +128,14 @@ class Metrics:
             ["event"],
             registry=r,
         )
+        # Named as Prometheus exporters name byte gauges (`_bytes`), as operators look for it.
+        self.device_memory = Gauge(
+            "flipjax_device_memory_bytes",
+            "Bytes the engine holds on each device of the live layout, by kind (weights, "
+            "kv_pages, gdn_slots, workspace, reserve), and each device's budget",
+            ["device", "kind"],
+            registry=r,
+        )
         self._flips_seen = 0
         self._totals: dict[int, int] = {}
 
@@ -175,6 +184,15 @@ class Metrics:
         self._flips_seen = len(stats.flips)
         self.layout.clear()
         self.layout.labels(stats.layout).set(1)
+
+    def read_memory(self, memory: MemoryReport) -> None:
+        """Refresh the ledger's gauges (a flip changes the devices: the old ones are dropped)."""
+        self.device_memory.clear()
+        for line in memory.devices:
+            for kind, size in line.bytes.items():
+                self.device_memory.labels(str(line.device), kind).set(size)
+            if line.budget is not None:
+                self.device_memory.labels(str(line.device), "budget").set(line.budget)
 
     def read_server(self, unknown: Mapping[str, int], grammars: Mapping[str, int]) -> None:
         """Refresh the counters the HTTP layer keeps: ignored fields, grammar compiles."""

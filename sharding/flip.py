@@ -37,7 +37,7 @@ from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.placement import Placement
 from sharding.layout import Layout, parse_layout, placement_for
-from sharding.memory import bytes_per_device, shortfall
+from sharding.memory import bytes_per_device, held_bytes, shortfall
 from sharding.movers import move_live, warm
 
 log = logging.getLogger("flipjax.flip")
@@ -147,11 +147,13 @@ class Layouts:
         allocator: Allocator,
         state_io: bool = False,
         headroom: int | None = None,
+        budgets: dict[int, int] | None = None,
     ):
         self.runner = runner
         self.allocator = allocator
         self.state_io = state_io  # also warm the page and state moves of the prefix cache/store
         self.headroom = headroom
+        self.budgets = budgets  # per device id: a flip's need is held within them
         self.armed: dict[str, Placement] = {runner.binding.placement.name: runner.binding.placement}
         self.generation = 0
         self.flips: list[FlipRecord] = []
@@ -189,7 +191,8 @@ class Layouts:
         t0 = time.perf_counter()
         param_sh, state_sh = _shardings(runner, placement)
         need = bytes_per_device((old.params, old.state), (param_sh, state_sh))
-        if (why := shortfall(need, self.headroom)) is not None:
+        held = held_bytes((old.params, old.state)) if self.budgets else None
+        if (why := shortfall(need, self.headroom, self.budgets, held)) is not None:
             self.counters["refused_memory"] += 1
             raise FlipError(f"flip to {placement.name} refused: {why}")
         dropped = reseed() if reseed is not None else 0

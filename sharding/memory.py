@@ -2,7 +2,8 @@
 
 Until the swap the old arrays stay where they are, so every target device must fit the new
 parameters and pools beside what it already holds. A device that reports `memory_stats`
-(GPUs) is checked against its own free bytes; elsewhere (the CPU) against the `headroom`
+(GPUs) is checked against its own free bytes, one with a `--device-memory` budget against
+that budget; elsewhere (the CPU) against the `headroom`
 budget a server names with `--flip-memory-headroom`, or not at all without one. In a cluster
 process 0 decides, and it can read the stats of its own devices only: the others' are held to
 the headroom.
@@ -12,9 +13,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import jax
+
+from sharding.budgets import format_bytes, reserve
 
 
 def bytes_per_device(trees: Any, shardings: Any) -> Counter[Any]:
@@ -27,11 +31,32 @@ def bytes_per_device(trees: Any, shardings: Any) -> Counter[Any]:
     return need
 
 
-def shortfall(need: Counter[Any], headroom: int | None) -> str | None:
-    """Why the target cannot hold what moves, naming the numbers; None when it can."""
+def held_bytes(tree: Any) -> Counter[int]:
+    """Bytes each device (by id) holds of the placed arrays in `tree`."""
+    held: Counter[int] = Counter()
+    for leaf in jax.tree.leaves(tree):
+        shard = math.prod(leaf.sharding.shard_shape(tuple(leaf.shape))) * leaf.dtype.itemsize
+        for device in leaf.sharding.device_set:
+            held[device.id] += shard
+    return held
+
+
+def shortfall(
+    need: Counter[Any],
+    headroom: int | None,
+    budgets: Mapping[int, int] | None = None,
+    held: Counter[int] | None = None,
+) -> str | None:
+    """Why the target cannot hold what moves, naming the numbers; None when it can. A device
+    with a budget (`sharding.budgets`) has its budget less what it holds (`held`, by device id)
+    and the reserve free."""
     for device, wanted in sorted(need.items(), key=lambda kv: kv[0].id):
         stats = device.memory_stats() if device.process_index == jax.process_index() else None
-        if stats and "bytes_limit" in stats:
+        if budgets is not None and device.id in budgets:
+            budget = budgets[device.id]
+            free = budget - (held or Counter())[device.id] - reserve(budget)
+            source = f"--device-memory budget {format_bytes(budget)}"
+        elif stats and "bytes_limit" in stats:
             free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
             source = "memory_stats"
         elif headroom is not None:

@@ -13,6 +13,7 @@ from typing import Protocol
 from flipjax.config.option import option
 from flipjax.model.config import DTYPE_NAMES, ModelConfig
 from flipjax.runtime.hybrid import check_interval, default_interval
+from sharding.budgets import parse_sizes
 
 
 class GridStore(Protocol):
@@ -160,6 +161,17 @@ class LayoutConfig:
         unit=2**30,
         metavar="GIB",
     )
+    device_memory: str | None = option(
+        None,
+        "memory budget per device: one size for every device, or one per device in device "
+        "order (e.g. 32GiB,10GiB,10GiB); the engine places no more on a device than its "
+        "budget (default: on a GPU its memory limit x --mem-fraction-static; on the CPU none)",
+        metavar="SIZE[,SIZE...]",
+    )
+    mem_fraction_static: float = option(
+        0.88,
+        "share of a GPU's memory limit the engine's budget takes when --device-memory is not given",
+    )
     warmup: bool = option(
         True,
         "skip compiling every step shape at start (serving then compiles on first use of each "
@@ -169,6 +181,12 @@ class LayoutConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.device_memory is not None:
+            parse_sizes(self.device_memory)  # BudgetError (a ValueError) naming the size
+        if not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(
+                f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}"
+            )
         if self.phase_policy == "auto" and len(self.arm) != 1:
             raise ValueError(
                 f"phase_policy: auto needs exactly one arm layout (--arm: the decode layout), "

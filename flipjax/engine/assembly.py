@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
 from flax import nnx
 
 from flipjax.config.tree import FlipjaxConfig
@@ -26,9 +27,13 @@ from flipjax.model.dtypes import parse_dtype
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime.allocator import Allocator
+from flipjax.runtime.cache import init_cache_state
 from flipjax.runtime.model_runner import ModelRunner, RunnerShape
+from flipjax.runtime.placement import single_device
+from sharding.budgets import BudgetError, device_budgets
 from sharding.flip import Layouts
 from sharding.layout import placement_for
+from sharding.ledger import overdraft
 from store.checkpoints import CheckpointBook
 from store.prefix import PrefixStore
 
@@ -52,6 +57,7 @@ class Parts:
     overlap: Overlap
     sessions: Sessions
     reference: ContiguousForward
+    budgets: dict[int, int] | None  # per device id (`sharding.budgets`)
 
 
 def assemble(
@@ -90,9 +96,17 @@ def assemble(
         ec.max_running_requests,
         ec.max_prefill_tokens,
     )
-    placement = placement_for(lc.layout, cfg) if lc.layout is not None else None
+    placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
+    budgets = device_budgets(jax.devices(), lc.device_memory, lc.mem_fraction_static)
+    pools = jax.eval_shape(
+        lambda: init_cache_state(cfg, ec.num_pages, ec.page_size, ec.slots, dtype)
+    )
+    if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:
+        raise BudgetError(f"the engine does not fit its memory budget: {why}")
     runner = ModelRunner(graphdef, params, shape, placement)
-    layouts = Layouts(runner, allocator, moves_state, headroom=lc.flip_memory_headroom)
+    layouts = Layouts(
+        runner, allocator, moves_state, headroom=lc.flip_memory_headroom, budgets=budgets
+    )
     reuse = PrefixReuse(runner, scheduler, ec.page_size, interval, prefix_cache, prefix_store)
     scheduler.on_admit, scheduler.on_add = reuse.seed, reuse.prefetch
     stepper = Stepper(runner, scheduler, reuse, tokenizer, max_len)
@@ -114,4 +128,5 @@ def assemble(
         overlap=Overlap(stepper, scheduler, runner, ec.overlap),
         sessions=Sessions(checkpoints, interval),
         reference=ContiguousForward(graphdef, cfg, dtype),
+        budgets=budgets,
     )

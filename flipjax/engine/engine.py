@@ -2,8 +2,9 @@
 
 `Engine` is the narrow API the server, the benchmarks and library users call: construction,
 requests (`add_request`, `step`, `progress`, `abort`, `generate`), layouts (`flip`, `arm`),
-session checkpoints (`checkpoint_api`), and what it says about itself (`info`, `stats`). Its
-parts (`assembly.Parts`) are private: nothing outside `flipjax.engine` reaches into them.
+session checkpoints (`checkpoint_api`), and what it says about itself (`info`, `stats`,
+`memory`: `memory_api`). Its parts (`assembly.Parts`) are private: nothing outside
+`flipjax.engine` reaches into them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flipjax.config.tree import FlipjaxConfig
 from flipjax.engine.assembly import Parts, assemble
 from flipjax.engine.checkpoint_api import CheckpointAPI
 from flipjax.engine.loader import load, model_fingerprint
+from flipjax.engine.memory_api import MemoryAPI
 from flipjax.engine.outputs import Output, Progress, StepStats, build_output, final_text
 from flipjax.engine.outputs import prompt_logprobs as prompt_logprobs_of
 from flipjax.engine.requests import check_salt
@@ -35,7 +37,7 @@ from store.prefix import PrefixStore
 __all__ = ["Engine", "Output", "StepStats"]
 
 
-class Engine(CheckpointAPI):
+class Engine(CheckpointAPI, MemoryAPI):
     def __init__(
         self,
         model: Qwen3NextForCausalLM,

@@ -16,7 +16,7 @@ from flipjax.model.tiny import TINY_DESCRIPTION, TINY_NAME
 from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer
 from serve.auth import State, require_api_key
 from serve.errors import bad_request
-from serve.messages import ReadStats
+from serve.messages import ReadMemory, ReadStats
 from serve.protocol.sampling import UNKNOWN_FIELDS
 from serve.protocol.tokens import DetokenizeRequest, TokenizeRequest
 from serve.state import ServerState
@@ -48,6 +48,7 @@ async def server_version() -> dict[str, str]:
 async def prometheus(state: State) -> Response:
     stats = await asyncio.to_thread(state.loop.call, ReadStats())
     state.metrics.read_engine(stats)
+    state.metrics.read_memory(await asyncio.to_thread(state.loop.call, ReadMemory()))
     grammars = state.grammars.counters if state.grammars is not None else {}
     state.metrics.read_server(UNKNOWN_FIELDS, grammars)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

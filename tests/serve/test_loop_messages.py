@@ -12,6 +12,7 @@ from flipjax.engine.stats import EngineStats
 from serve import messages as m
 from serve.dispatch import Dispatcher, Phase
 from serve.engine_loop import EngineLoop
+from sharding.ledger import MemoryReport
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,8 @@ def test_a_request_streams_its_tokens_then_its_output(loop):
 def test_every_read_answers_with_its_type(loop):
     stats = loop.call(m.ReadStats())
     assert isinstance(stats, EngineStats) and stats.layout == "single"
+    memory = loop.call(m.ReadMemory())
+    assert isinstance(memory, MemoryReport) and memory.devices[0].bytes["weights"] > 0
     phase = loop.call(m.ReadPhase())
     assert isinstance(phase, Phase) and phase.policy == {"policy": "manual"}
     assert loop.call(m.FlushCache()).keys() == {"pages", "states"}

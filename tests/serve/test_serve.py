@@ -29,6 +29,8 @@ def server(tmp_path_factory):
             "tiny",
             "--layout",
             "pp:5,3",
+            "--device-memory",
+            "1GiB",
             *SMALL,
             INSECURE_ADMIN,
             "--store-dir",
@@ -235,6 +237,18 @@ def test_metrics_show_traffic_and_the_flip(server):
     assert metric(server, 'flipjax:flips_total{direction="pp:5,3->tp:2"}') == 1
     assert metric(server, 'flipjax:layout{layout="tp:2"}') == 1
     assert metric(server, "flipjax:time_to_first_token_seconds_count") > 0
+    # The ledger of the live layout's devices (tp:2 after the flip: devices 0 and 1).
+    for device in ("0", "1"):
+        assert (
+            metric(server, f'flipjax_device_memory_bytes{{device="{device}",kind="budget"}}')
+            == 2**30
+        )
+        assert (
+            metric(server, f'flipjax_device_memory_bytes{{device="{device}",kind="weights"}}') > 0
+        )
+        assert (
+            metric(server, f'flipjax_device_memory_bytes{{device="{device}",kind="kv_pages"}}') > 0
+        )
 
 
 def test_keys_guard_the_routes(tmp_path):
