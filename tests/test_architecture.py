@@ -116,6 +116,7 @@ ENGINE_API = {
     "from_pretrained",
     "info",
     "stats",
+    "memory",
     "last_step",
     "add_request",
     "step",
