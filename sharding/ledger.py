@@ -11,7 +11,6 @@ expects them to.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from flipjax.model.config import ModelConfig
 from flipjax.runtime.binding import Binding
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.program_cache import PROGRAMS
+from flipjax.runtime.workspace_probe import temp_bytes
 from sharding.budgets import format_bytes, reserve
 from sharding.memory import bytes_per_device, held_bytes
 
@@ -53,6 +53,9 @@ class Capacity:
     pages: int | None
     tokens: int | None
     device: int | None
+    budget: int | None = None  # the tightest device's
+    room: int | None = None  # what its budget leaves for pages
+    page_bytes: int | None = None  # what one page takes there
 
 
 def workspace(binding: Binding, placement: Placement | None = None) -> Counter[int]:
@@ -66,15 +69,10 @@ def workspace(binding: Binding, placement: Placement | None = None) -> Counter[i
     for key, (step, write, _) in list(PROGRAMS.items()):
         if key[3] != placement.key or key[0] != base[0] or key[4] != base[4]:
             continue
-        temp = max(_temp_bytes(step), _temp_bytes(write))
+        temp = max(temp_bytes(step), temp_bytes(write))
         for device in devices.get(key[7], ()):
             work[device] = max(work[device], temp)
     return work
-
-
-def _temp_bytes(compiled: Any) -> int:
-    analysis = compiled.memory_analysis()
-    return int(getattr(analysis, "temp_size_in_bytes", 0) or 0) if analysis else 0
 
 
 def account(binding: Binding, budgets: Mapping[int, int] | None) -> tuple[DeviceMemory, ...]:
@@ -102,32 +100,52 @@ def capacity(
     num_pages: int,
     page_size: int,
 ) -> Capacity:
-    """The KV pages `placement` could hold within `budgets`, beside the weights, the GDN
-    slots, the workspace and the reserve each of its devices would hold there. The workspace
-    is that of the placement's compiled programs, else the largest of the binding's own."""
+    """The KV pages `placement` could hold within `budgets`, beside what the binding's weights
+    and GDN slots would take there. The workspace is that of the placement's compiled
+    programs, else the largest of the binding's own."""
+    work = workspace(binding, placement)
+    other = max(workspace(binding).values(), default=0)
+    state = binding.state
+    return pages_within(
+        placement, binding.cfg, binding.params, state, num_pages, budgets, work, other, page_size
+    )
+
+
+def pages_within(
+    placement: Placement,
+    cfg: ModelConfig,
+    params: Any,
+    state: Any,
+    num_pages: int,
+    budgets: Mapping[int, int] | None,
+    work: Mapping[int, int],
+    other_work: int,
+    page_size: int,
+) -> Capacity:
+    """The KV pages `placement` can hold within `budgets`: per device, what the budget leaves
+    after the weights, the GDN slots, its workspace (`work` by device id, else `other_work`)
+    and the reserve, over the bytes one page takes there (`state`, arrays or shapes, holds
+    `num_pages`); the tightest device's count."""
     if budgets is None or any(d.id not in budgets for d in placement.devices):
         return Capacity(placement.name, None, None, None)
-    params, state = binding.params, binding.state
     weights = bytes_per_device(params, placement.param_shardings(params))
-    shardings = placement.state_shardings(binding.cfg)
+    shardings = placement.state_shardings(cfg)
     kv = bytes_per_device(state.kv, shardings.kv)
     gdn = bytes_per_device(state.gdn, shardings.gdn)
-    work = workspace(binding, placement)
-    # A device with no program compiled for the placement yet: the live layout's largest.
-    fallback = max(workspace(binding).values(), default=0)
-    best: tuple[int, int] | None = None
+    best: Capacity | None = None
     for device in placement.devices:
-        per_page = kv[device] / num_pages
+        per_page = kv[device] // num_pages
         if per_page == 0:
             continue  # a stage without attention layers holds no pages
         budget = budgets[device.id]
-        room = budget - weights[device] - gdn[device] - work.get(device.id, fallback)
-        pages = max(0, math.floor((room - reserve(budget)) / per_page))
-        if best is None or pages < best[0]:
-            best = (pages, device.id)
-    if best is None:
-        return Capacity(placement.name, None, None, None)
-    return Capacity(placement.name, best[0], best[0] * page_size, best[1])
+        room = budget - weights[device] - gdn[device] - work.get(device.id, other_work)
+        room -= reserve(budget)
+        pages = max(0, room // per_page)
+        if best is None or pages < (best.pages or 0):
+            best = Capacity(
+                placement.name, pages, pages * page_size, device.id, budget, room, per_page
+            )
+    return best or Capacity(placement.name, None, None, None)
 
 
 def overdraft(

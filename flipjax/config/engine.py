@@ -38,7 +38,11 @@ class EngineConfig:
     """How the engine pools and batches."""
 
     page_size: int = option(16, "tokens per KV page")
-    num_pages: int = option(1024, "KV pages in the device pool")
+    num_pages: int | None = option(
+        None,
+        "KV pages in the device pool (default: as many as the --device-memory budgets leave "
+        "in every layout the engine starts with, else 1024; with budgets, a cap)",
+    )
     max_running_requests: int = option(32, "requests decoding at once")
     num_slots: int | None = option(
         None,
@@ -58,6 +62,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):
             value = getattr(self, name)
+            if name == "num_pages" and value is None:
+                continue
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
         if self.num_slots is not None and self.num_slots < self.max_running_requests:

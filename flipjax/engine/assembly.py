@@ -8,9 +8,11 @@ module the tests document), so what the engine exposes stays its narrow API.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from flipjax.config.tree import FlipjaxConfig
@@ -23,17 +25,19 @@ from flipjax.engine.requests import Requests
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sessions import Sessions
 from flipjax.engine.step import Stepper
+from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.cache import init_cache_state
 from flipjax.runtime.model_runner import ModelRunner, RunnerShape
-from flipjax.runtime.placement import single_device
+from flipjax.runtime.placement import Placement, single_device
 from sharding.budgets import BudgetError, device_budgets
 from sharding.flip import Layouts
 from sharding.layout import placement_for
 from sharding.ledger import overdraft
+from sharding.pool_sizing import DEFAULT_NUM_PAGES, pool_pages
 from store.checkpoints import CheckpointBook
 from store.prefix import PrefixStore
 
@@ -67,9 +71,10 @@ def assemble(
     prefix_store: PrefixStore | None,
     checkpoints: CheckpointBook | None,
 ) -> Parts:
-    ec, cc, lc = config.engine, config.cache, config.layout
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
     graphdef, params = nnx.split(model)
+    config, placement, budgets = _sized(config, cfg, dtype, graphdef, params)
+    ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)
     allocator = Allocator(ec.num_pages, ec.slots, ec.page_size)
     prefix_cache = None
@@ -86,23 +91,7 @@ def assemble(
         prefetch_wait_s=cc.prefetch_wait_s,
     )
     max_len = ec.model_len(cfg)
-    shape = RunnerShape(
-        cfg,
-        dtype,
-        ec.page_size,
-        ec.num_pages,
-        ec.slots,
-        max_len,
-        ec.max_running_requests,
-        ec.max_prefill_tokens,
-    )
-    placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
-    budgets = device_budgets(jax.devices(), lc.device_memory, lc.mem_fraction_static)
-    pools = jax.eval_shape(
-        lambda: init_cache_state(cfg, ec.num_pages, ec.page_size, ec.slots, dtype)
-    )
-    if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:
-        raise BudgetError(f"the engine does not fit its memory budget: {why}")
+    shape = _runner_shape(config, cfg, dtype)
     runner = ModelRunner(graphdef, params, shape, placement)
     layouts = Layouts(
         runner, allocator, moves_state, headroom=lc.flip_memory_headroom, budgets=budgets
@@ -130,3 +119,40 @@ def assemble(
         reference=ContiguousForward(graphdef, cfg, dtype),
         budgets=budgets,
     )
+
+
+def _runner_shape(config: FlipjaxConfig, cfg: ModelConfig, dtype: jnp.dtype) -> RunnerShape:
+    ec = config.engine
+    return RunnerShape(
+        cfg,
+        dtype,
+        ec.page_size,
+        ec.num_pages or DEFAULT_NUM_PAGES,
+        ec.slots,
+        ec.model_len(cfg),
+        ec.max_running_requests,
+        ec.max_prefill_tokens,
+    )
+
+
+def _sized(
+    config: FlipjaxConfig,
+    cfg: ModelConfig,
+    dtype: jnp.dtype,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+) -> tuple[FlipjaxConfig, Placement, dict[int, int] | None]:
+    """The config with the pool's page count settled (`sharding.pool_sizing`), the live
+    placement and the device budgets. BudgetError, before anything is placed, when the
+    weights and pools do not fit a budget."""
+    ec, lc = config.engine, config.layout
+    placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
+    budgets = device_budgets(jax.devices(), lc.device_memory, lc.mem_fraction_static)
+    placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
+    shape = _runner_shape(config, cfg, dtype)
+    pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages)
+    config = dataclasses.replace(config, engine=dataclasses.replace(ec, num_pages=pages))
+    pools = jax.eval_shape(lambda: init_cache_state(cfg, pages, ec.page_size, ec.slots, dtype))
+    if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:
+        raise BudgetError(f"the engine does not fit its memory budget: {why}")
+    return config, placement, budgets

@@ -52,7 +52,8 @@ class Engine(CheckpointAPI, MemoryAPI):
         seeds and receives prefixes; `checkpoints` enables session checkpoints."""
         config = config if config is not None else FlipjaxConfig()
         self._parts: Parts = assemble(model, tokenizer, config, prefix_store, checkpoints)
-        self.info = EngineInfo(name, model.cfg, tokenizer, self._parts.max_model_len, config)
+        p = self._parts  # its config has the pool's page count settled
+        self.info = EngineInfo(name, model.cfg, tokenizer, p.max_model_len, p.config)
         self._drained: list[Output] = []  # finished while an operation settled the batch
         self._last_step: StepStats | None = None
         self._closed = False

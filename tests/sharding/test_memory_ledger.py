@@ -103,8 +103,35 @@ def test_kv_capacity_is_what_the_budget_leaves_per_page(layout, width):
     engine.close()
 
 
+def test_without_num_pages_the_pool_is_what_the_budgets_leave_in_every_layout():
+    options = dict(max_running_requests=2, max_prefill_tokens=32)
+    engine = Engine.from_pretrained(
+        "tiny", layout="pp:5,3", arm=("tp:2",), device_memory="32MiB,16MiB", **options
+    )
+    engine.arm("tp:2")
+    engine.warmup()  # every step shape: the ledger's workspace is then the largest's
+    pages = engine.stats().pools["pages_total"]
+    report = engine.memory()
+    capacities = {c.layout: c for c in report.capacity}
+    assert set(capacities) == {"pp:5,3", "tp:2"}
+    least = min(c.pages for c in capacities.values())
+    assert 0.95 * least <= pages <= least
+    assert all(line.free >= 0 for line in report.devices)
+    assert engine.info.config.engine.num_pages == pages
+    # A request the pool could never hold is refused, naming the pool; one it can hold runs.
+    assert pages * 16 < engine.info.max_model_len - 1
+    with pytest.raises(ValueError, match=rf"need more than the {pages}-page KV pool holds"):
+        engine.add_request([1] * 100, max_new_tokens=pages * 16 - 99)
+    engine.add_request([1] * 100, max_new_tokens=pages * 16 - 100)
+    engine.abort(engine.stats().awaiting_first_token.keys().__iter__().__next__())
+    capped = Engine.from_pretrained(
+        "tiny", layout="pp:5,3", device_memory="48MiB,24MiB", num_pages=64, **options
+    )
+    assert capped.stats().pools["pages_total"] == 64
+
+
 def test_an_engine_over_its_budget_is_refused_by_name():
-    with pytest.raises(BudgetError, match=r"device 0 needs .* MiB for the weights and pools of"):
+    with pytest.raises(BudgetError, match=r"device 0 needs .* for one KV page, but its budget"):
         Engine.from_pretrained("tiny", device_memory="4MiB", **OPTIONS)
     # Over two stages each device holds its own share: a budget one device could not meet.
     single = Engine.from_pretrained("tiny", **OPTIONS).memory().devices[0]
