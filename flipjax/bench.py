@@ -8,7 +8,8 @@ trace against either static layout), `prefetch` (a stream's inter-token gaps whi
 are served, reading on the engine thread vs on the store's worker), `multihost` (`tp:4` over two
 processes against one, and the plan broadcast's cost), `gpu` (the Pallas kernels against the
 XLA references on an accelerator: kernel checks, decode, a long prefill, a flip), `matmul`
-(the native small-batch matmul against XLA's dot, per weight shape and row count). Each
+(the native small-batch matmul against XLA's dot, per weight shape and row count), `memory`
+(each layout's per-device ledger and KV capacity under unequal budgets, and flip peaks). Each
 reports ratios, since a single absolute time on a shared machine means little.
 """
 
@@ -27,6 +28,7 @@ BENCHMARKS = (
     "multihost",
     "gpu",
     "matmul",
+    "memory",
 )
 
 
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.gpu import main as run
     elif argv[0] == "matmul":
         from flipjax.benchmarks.matmul import main as run
+    elif argv[0] == "memory":
+        from flipjax.benchmarks.ledger import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

@@ -1,8 +1,9 @@
 """How much memory each device may give the engine: `--device-memory` (one size for every
 device, or one per device in the layout's device order, e.g. `32GiB,10GiB,10GiB`), else on a
 device that reports its memory (a GPU) its `bytes_limit` times `--mem-fraction-static`, as
-sglang sizes its static memory. The CPU reports nothing, so there a device has no budget unless
-one is given: budgets are how a CPU mesh models unequal devices.
+sglang sizes its static memory (in one process only: each process can read only its own
+devices, and every process must size the same pools). The CPU reports nothing, so there a
+device has no budget unless one is given: budgets are how a CPU mesh models unequal devices.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import Any
+
+import jax
 
 _UNITS = {
     "": 1,
@@ -72,6 +75,10 @@ def device_budgets(
                 f"for all, or at most one per device"
             )
         return {d.id: size for d, size in zip(devices, sizes, strict=False)}
+    if jax.process_count() > 1:
+        # A process reads only its own devices' limits, and every process must size the same
+        # pools: across processes only an explicit --device-memory is a budget.
+        return None
     limits = {}
     for d in devices:
         stats = d.memory_stats() if hasattr(d, "memory_stats") else None

@@ -53,9 +53,6 @@ class Capacity:
     pages: int | None
     tokens: int | None
     device: int | None
-    budget: int | None = None  # the tightest device's
-    room: int | None = None  # what its budget leaves for pages
-    page_bytes: int | None = None  # what one page takes there
 
 
 def workspace(binding: Binding, placement: Placement | None = None) -> Counter[int]:
@@ -142,9 +139,7 @@ def pages_within(
         room -= reserve(budget)
         pages = max(0, room // per_page)
         if best is None or pages < (best.pages or 0):
-            best = Capacity(
-                placement.name, pages, pages * page_size, device.id, budget, room, per_page
-            )
+            best = Capacity(placement.name, pages, pages * page_size, device.id)
     return best or Capacity(placement.name, None, None, None)
 
 

@@ -1,17 +1,22 @@
-"""How many KV pages the engine's pool gets: as many as every layout it will run (the live one
-and those it arms at start) can hold within the device budgets, capped by `--num-pages`; 1024
-where no device has a budget.
+"""How many KV pages the engine's pool gets: the most that every layout it starts with (the live
+one and those it arms at start) can hold within the device budgets, and that a flip between any
+two of them can hold too, capped by `--num-pages`; 1024 where no device has a budget.
 
-A pool no larger than the smallest layout's capacity is one a flip between those layouts never
-has to shrink; the capacity of each is logged (`Engine.memory()`), so what a larger per-layout
-pool would gain is visible. Each layout's workspace is measured by compiling its largest
-steps (`probe_workspace`) before anything is placed.
+A flip today allocates the target's weights and pools while the old ones are alive, so on each
+device a flip from A to B needs A's footprint and B's at once: with more than one layout that,
+not a layout alone, is usually what limits the pool. Each layout's own capacity is reported
+apart (`Engine.memory()`), so what a flip that moves in waves would gain is visible. Each
+layout's workspace is measured by compiling its largest steps from shapes (`probe_workspace`)
+before anything is placed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import jax
 from flax import nnx
@@ -20,10 +25,27 @@ from flipjax.runtime.cache import init_cache_state
 from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import probe_workspace
-from sharding.budgets import BudgetError, format_bytes
-from sharding.ledger import Capacity, pages_within
+from sharding.budgets import BudgetError, format_bytes, reserve
+from sharding.memory import bytes_per_device
 
 DEFAULT_NUM_PAGES = 1024
+
+
+class Footprint(NamedTuple):
+    """Per device id: the bytes that do not grow with the pool (weights, GDN slots), those of
+    one KV page, and the workspace."""
+
+    fixed: Counter[int]
+    page: Counter[int]
+    work: Mapping[int, int]
+
+
+class Limit(NamedTuple):
+    pages: int
+    what: str  # the layout, or the flip, that sets it
+    device: int
+    room: int
+    page_bytes: int
 
 
 def pool_pages(
@@ -36,50 +58,63 @@ def pool_pages(
 ) -> int:
     """The pool's page count for `placements` (the live one first) within `budgets`; `cap`
     (`--num-pages`) when smaller, or when no device has a budget. BudgetError naming the
-    tightest device when a budget leaves no room for one page."""
-    if budgets is None:
+    device and the layout or flip when a budget leaves no room for one page."""
+    if budgets is None or not _budgeted(placements, budgets):
         return cap if cap is not None else DEFAULT_NUM_PAGES
     # Without any workspace the pool could be at most this; the steps' temporaries are then
-    # measured over a pool of that size (they grow a little with it, so what they take at
-    # the final, smaller size is no more), or of the cap's, which is then the engine's own.
-    bound = _tightest(capacities_of(params, shape, placements, budgets, None))
-    if bound is None:
-        return cap if cap is not None else DEFAULT_NUM_PAGES
-    probe_pages = max(1, min(bound.pages or 1, cap or bound.pages or 1))
+    # measured over a pool of that size (or of the cap's, which is then the engine's own).
+    free = [_footprint(p, shape, params, {}) for p in placements]
+    bound = _tightest(placements, free, budgets)
+    probe_pages = max(1, min(bound.pages, cap) if cap is not None else bound.pages)
     probed = dataclasses.replace(shape, num_pages=probe_pages)
     work = [probe_workspace(graphdef, params, probed, p) for p in placements]
-    tightest = _tightest(capacities_of(params, shape, placements, budgets, work))
-    assert tightest is not None
-    if not tightest.pages:
+    prints = [_footprint(p, shape, params, w) for p, w in zip(placements, work, strict=True)]
+    limit = _tightest(placements, prints, budgets)
+    if limit.pages < 1:
         raise BudgetError(
-            f"device_memory: in {tightest.layout}, device {tightest.device} needs "
-            f"{format_bytes(tightest.page_bytes or 0)} for one KV page, but its budget of "
-            f"{format_bytes(tightest.budget or 0)} leaves {format_bytes(tightest.room or 0)} "
-            f"beside its weights, GDN slots, workspace and reserve"
+            f"device_memory: {limit.what} leaves device {limit.device} "
+            f"{format_bytes(limit.room)} for KV pages beside its weights, GDN slots, workspace "
+            f"and reserve, and a page takes {format_bytes(limit.page_bytes)} there"
         )
-    return min(tightest.pages, cap) if cap is not None else tightest.pages
+    return min(limit.pages, cap) if cap is not None else limit.pages
 
 
-def _tightest(capacities: list[Capacity]) -> Capacity | None:
-    known = [c for c in capacities if c.pages is not None]
-    return min(known, key=lambda c: c.pages or 0) if known else None
+def _budgeted(placements: Sequence[Placement], budgets: Mapping[int, int]) -> bool:
+    return all(d.id in budgets for p in placements for d in p.devices)
 
 
-def capacities_of(
-    params: nnx.State,
-    shape: RunnerShape,
-    placements: Sequence[Placement],
-    budgets: Mapping[int, int],
-    work: Sequence[Mapping[int, int]] | None,
-) -> list[Capacity]:
-    """Each placement's capacity within `budgets`, with its workspace by device id (`work`,
-    one per placement; None: none)."""
-    cfg, pages = shape.cfg, shape.num_pages
+def _footprint(
+    placement: Placement, shape: RunnerShape, params: nnx.State, work: Mapping[int, int]
+) -> Footprint:
+    cfg = shape.cfg
     state = jax.eval_shape(
-        lambda: init_cache_state(cfg, pages, shape.page_size, shape.num_slots, shape.dtype)
+        lambda: init_cache_state(cfg, 1, shape.page_size, shape.num_slots, shape.dtype)
     )
-    works = work if work is not None else [{} for _ in placements]
-    return [
-        pages_within(p, cfg, params, state, pages, budgets, w, 0, shape.page_size)
-        for p, w in zip(placements, works, strict=True)
-    ]
+    shardings = placement.state_shardings(cfg)
+    by_id = lambda need: Counter({d.id: n for d, n in need.items()})  # noqa: E731
+    fixed = by_id(bytes_per_device(params, placement.param_shardings(params)))
+    fixed += by_id(bytes_per_device(state.gdn, shardings.gdn))
+    page = by_id(bytes_per_device(state.kv, shardings.kv))
+    return Footprint(fixed, page, work)
+
+
+def _tightest(
+    placements: Sequence[Placement], prints: Sequence[Footprint], budgets: Mapping[int, int]
+) -> Limit:
+    """The smallest page count any layout alone, or any flip between two (both footprints at
+    once), allows on any device."""
+    cases = [(p.name, (f,)) for p, f in zip(placements, prints, strict=True)]
+    pairs = itertools.permutations(zip(placements, prints, strict=True), 2)
+    cases += [(f"a flip {a.name} -> {b.name}", (fa, fb)) for (a, fa), (b, fb) in pairs]
+    limits = []
+    for what, footprints in cases:
+        devices = set().union(*(f.fixed.keys() | f.page.keys() for f in footprints))
+        for device in devices:
+            page = sum(f.page[device] for f in footprints)
+            if page == 0:
+                continue  # a device without attention layers here holds no pages
+            budget = budgets[device]
+            work = max(f.work.get(device, 0) for f in footprints)
+            room = budget - reserve(budget) - work - sum(f.fixed[device] for f in footprints)
+            limits.append(Limit(max(0, room // page), what, device, room, page))
+    return min(limits)

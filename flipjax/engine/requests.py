@@ -60,13 +60,6 @@ class Requests:
             raise ValueError(
                 f"max_tokens: {total} tokens in all exceed the context {self.max_model_len}"
             )
-        pages, page_size = self.scheduler.pages.total, self.scheduler.page_size
-        if total > pages * page_size:  # it could never hold its pages, however long it waits
-            raise ValueError(
-                f"max_tokens: {total} tokens in all need more than the {pages}-page KV pool "
-                f"holds ({pages * page_size} tokens; --num-pages, or the --device-memory "
-                f"budgets, set it)"
-            )
 
     def enqueue(
         self,

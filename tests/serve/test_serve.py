@@ -31,6 +31,8 @@ def server(tmp_path_factory):
             "pp:5,3",
             "--device-memory",
             "1GiB",
+            "--num-pages",  # a cap: the budgets alone would size the pool for pp:5,3 only
+            "1024",
             *SMALL,
             INSECURE_ADMIN,
             "--store-dir",

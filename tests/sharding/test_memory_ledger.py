@@ -103,27 +103,52 @@ def test_kv_capacity_is_what_the_budget_leaves_per_page(layout, width):
     engine.close()
 
 
-def test_without_num_pages_the_pool_is_what_the_budgets_leave_in_every_layout():
+def _flip_bound(a: tuple, b: tuple, pages: int, budgets: dict[int, int]) -> int:
+    """The pages a flip between two layouts' ledgers (both held at once) leaves room for."""
+    lines = {}
+    for report in (a, b):
+        for line in report:
+            lines.setdefault(line.device, []).append(line)
+    best = None
+    for device, held in lines.items():
+        budget = budgets[device]
+        fixed = sum(x.bytes["weights"] + x.bytes["gdn_slots"] for x in held)
+        work = max(x.bytes["workspace"] for x in held)
+        per_page = sum(x.bytes["kv_pages"] for x in held) // pages
+        fits = (budget - reserve(budget) - work - fixed) // per_page
+        best = fits if best is None else min(best, fits)
+    return best
+
+
+def test_without_num_pages_the_pool_fits_every_layout_and_a_flip_between_them():
     options = dict(max_running_requests=2, max_prefill_tokens=32)
+    budgets = {0: 48 << 20, 1: 32 << 20}
     engine = Engine.from_pretrained(
-        "tiny", layout="pp:5,3", arm=("tp:2",), device_memory="32MiB,16MiB", **options
+        "tiny", layout="pp:5,3", arm=("tp:2",), device_memory="48MiB,32MiB", **options
     )
     engine.arm("tp:2")
     engine.warmup()  # every step shape: the ledger's workspace is then the largest's
     pages = engine.stats().pools["pages_total"]
-    report = engine.memory()
-    capacities = {c.layout: c for c in report.capacity}
-    assert set(capacities) == {"pp:5,3", "tp:2"}
-    least = min(c.pages for c in capacities.values())
-    assert 0.95 * least <= pages <= least
-    assert all(line.free >= 0 for line in report.devices)
     assert engine.info.config.engine.num_pages == pages
-    # A request the pool could never hold is refused, naming the pool; one it can hold runs.
+    before = engine.memory()
+    assert {c.layout for c in before.capacity} == {"pp:5,3", "tp:2"}
+    assert all(pages <= c.pages for c in before.capacity)
+    # The flip allocates tp:2's whole pool beside pp:5,3's, however full: it fits the budgets.
+    for prompt in PROMPTS:
+        engine.add_request(prompt, GREEDY)
+    engine.step()
+    engine.flip("tp:2")
+    after = engine.memory()
+    bound = _flip_bound(before.devices, after.devices, pages, budgets)
+    assert 0.95 * bound <= pages <= bound
+    assert all(line.free >= 0 for line in after.devices)
+    while engine.has_unfinished():
+        engine.step()
+    engine.check()
+    # A request the pool could never hold is refused, naming the pool.
     assert pages * 16 < engine.info.max_model_len - 1
-    with pytest.raises(ValueError, match=rf"need more than the {pages}-page KV pool holds"):
+    with pytest.raises(ValueError, match=rf"needs {pages + 1} pages of 16 tokens, the pool has"):
         engine.add_request([1] * 100, max_new_tokens=pages * 16 - 99)
-    engine.add_request([1] * 100, max_new_tokens=pages * 16 - 100)
-    engine.abort(engine.stats().awaiting_first_token.keys().__iter__().__next__())
     capped = Engine.from_pretrained(
         "tiny", layout="pp:5,3", device_memory="48MiB,24MiB", num_pages=64, **options
     )
@@ -131,13 +156,13 @@ def test_without_num_pages_the_pool_is_what_the_budgets_leave_in_every_layout():
 
 
 def test_an_engine_over_its_budget_is_refused_by_name():
-    with pytest.raises(BudgetError, match=r"device 0 needs .* for one KV page, but its budget"):
+    with pytest.raises(BudgetError, match=r"single leaves device 0 -.* for KV pages beside"):
         Engine.from_pretrained("tiny", device_memory="4MiB", **OPTIONS)
     # Over two stages each device holds its own share: a budget one device could not meet.
     single = Engine.from_pretrained("tiny", **OPTIONS).memory().devices[0]
     share = (single.bytes["weights"] + single.bytes["kv_pages"] + single.bytes["gdn_slots"]) * 0.8
     Engine.from_pretrained("tiny", layout="pp:4,4", device_memory=f"{int(share)}", **OPTIONS)
-    with pytest.raises(BudgetError, match="device 0 needs"):
+    with pytest.raises(BudgetError, match="device 0"):
         Engine.from_pretrained("tiny", device_memory=f"{int(share)}", **OPTIONS)
 
 
