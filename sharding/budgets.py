@@ -12,8 +12,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-
 _UNITS = {
     "": 1,
     "b": 1,
@@ -60,7 +58,10 @@ def parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def device_budgets(
-    devices: Sequence[Any], device_memory: str | None, mem_fraction_static: float
+    devices: Sequence[Any],
+    device_memory: str | None,
+    mem_fraction_static: float,
+    process_count: int = 1,
 ) -> dict[int, int] | None:
     """Each device's budget in bytes, by device id; None where no device has one (the CPU
     without `--device-memory`). One size is every device's; a list names the devices in order
@@ -75,7 +76,7 @@ def device_budgets(
                 f"for all, or at most one per device"
             )
         return {d.id: size for d, size in zip(devices, sizes, strict=False)}
-    if jax.process_count() > 1:
+    if process_count > 1:
         # A process reads only its own devices' limits, and every process must size the same
         # pools: across processes only an explicit --device-memory is a budget.
         return None

@@ -33,12 +33,8 @@ def bytes_per_device(trees: Any, shardings: Any) -> Counter[Any]:
 
 def held_bytes(tree: Any) -> Counter[int]:
     """Bytes each device (by id) holds of the placed arrays in `tree`."""
-    held: Counter[int] = Counter()
-    for leaf in jax.tree.leaves(tree):
-        shard = math.prod(leaf.sharding.shard_shape(tuple(leaf.shape))) * leaf.dtype.itemsize
-        for device in leaf.sharding.device_set:
-            held[device.id] += shard
-    return held
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, tree)
+    return Counter({d.id: n for d, n in bytes_per_device(tree, shardings).items()})
 
 
 def shortfall(

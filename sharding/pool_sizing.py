@@ -65,18 +65,24 @@ def pool_pages(
     # measured over a pool of that size (or of the cap's, which is then the engine's own).
     free = [_footprint(p, shape, params, {}) for p in placements]
     bound = _tightest(placements, free, budgets)
+    if bound.pages < 1:
+        _refuse(bound)  # a workspace only takes more
     probe_pages = max(1, min(bound.pages, cap) if cap is not None else bound.pages)
     probed = dataclasses.replace(shape, num_pages=probe_pages)
     work = [probe_workspace(graphdef, params, probed, p) for p in placements]
     prints = [_footprint(p, shape, params, w) for p, w in zip(placements, work, strict=True)]
     limit = _tightest(placements, prints, budgets)
     if limit.pages < 1:
-        raise BudgetError(
-            f"device_memory: {limit.what} leaves device {limit.device} "
-            f"{format_bytes(limit.room)} for KV pages beside its weights, GDN slots, workspace "
-            f"and reserve, and a page takes {format_bytes(limit.page_bytes)} there"
-        )
+        _refuse(limit)
     return min(limit.pages, cap) if cap is not None else limit.pages
+
+
+def _refuse(limit: Limit) -> None:
+    raise BudgetError(
+        f"device_memory: {limit.what} leaves device {limit.device} "
+        f"{format_bytes(limit.room)} for KV pages beside its weights, GDN slots, workspace "
+        f"and reserve, and a page takes {format_bytes(limit.page_bytes)} there"
+    )
 
 
 def _budgeted(placements: Sequence[Placement], budgets: Mapping[int, int]) -> bool:

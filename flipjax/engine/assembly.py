@@ -147,7 +147,9 @@ def _sized(
     weights and pools do not fit a budget."""
     ec, lc = config.engine, config.layout
     placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
-    budgets = device_budgets(jax.devices(), lc.device_memory, lc.mem_fraction_static)
+    budgets = device_budgets(
+        jax.devices(), lc.device_memory, lc.mem_fraction_static, jax.process_count()
+    )
     placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
     shape = _runner_shape(config, cfg, dtype)
     pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages)

@@ -46,9 +46,26 @@ def _new_live_bytes(before: set[int]) -> Counter[int]:
     return held
 
 
-@pytest.mark.parametrize("layout", ["single", "pp:5,3", "tp:2"])
-def test_the_ledger_agrees_with_the_arrays_the_devices_hold(layout):
+def _page_bytes(width: int, layers: int) -> int:
+    cfg = tiny_config()
+    per_layer = 2 * 16 * cfg.num_key_value_heads * cfg.head_dim * 4  # fp32, page_size 16
+    return per_layer * layers // width
+
+
+def _layers_on(layout: str, device: int) -> int:
+    """Attention layers whose pages `device` holds: every one in single and tp:2; in pp:5,3
+    device 0 has layers 0-4 and device 1 layers 5-7."""
+    attention = tiny_config().full_attention_layers
+    if layout != "pp:5,3":
+        return len(attention)
+    span = range(0, 5) if device == 0 else range(5, 8)
+    return sum(1 for i in attention if i in span)
+
+
+@pytest.mark.parametrize("layout,width", [("single", 1), ("pp:5,3", 1), ("tp:2", 2)])
+def test_the_ledger_agrees_with_the_devices_and_its_capacity_with_the_budgets(layout, width):
     before = _live_ids()
+    budget = 256 << 20
     # Pools large enough that each kind is a fair share of what a device holds.
     options = OPTIONS | dict(num_pages=512, num_slots=64)
     engine = Engine.from_pretrained("tiny", layout=layout, device_memory="256MiB", **options)
@@ -56,46 +73,23 @@ def test_the_ledger_agrees_with_the_arrays_the_devices_hold(layout):
     live = _new_live_bytes(before)
     report = engine.memory()
     assert report.layout == layout and report.devices
+    per_device = {}
     for line in report.devices:
-        assert set(line.bytes) == set(KINDS) and line.budget == 256 << 20
-        assert line.bytes["weights"] > 0 and line.bytes["reserve"] == reserve(256 << 20)
+        assert set(line.bytes) == set(KINDS) and line.budget == budget
+        assert line.bytes["weights"] > 0 and line.bytes["reserve"] == reserve(budget)
         if layout != "single" or line.device == 0:
             assert line.bytes["workspace"] > 0  # the programs the requests compiled
         held = line.used - line.bytes["workspace"] - line.bytes["reserve"]
         # Within 5% is the promise; what else a device holds (page tables, sampler keys) is
         # well under 2% here, so a layer missing from any kind shows.
         assert abs(held - live[line.device]) <= 0.02 * live[line.device], (line, live)
-    assert sum(live[d.device] for d in report.devices) >= 0.95 * sum(live.values())
-    engine.close()
-
-
-def _page_bytes(width: int, layers: int) -> int:
-    cfg = tiny_config()
-    per_layer = 2 * 16 * cfg.num_key_value_heads * cfg.head_dim * 4  # fp32, page_size 16
-    return per_layer * layers // width
-
-
-@pytest.mark.parametrize("layout,width", [("pp:5,3", 1), ("tp:2", 2)])
-def test_kv_capacity_is_what_the_budget_leaves_per_page(layout, width):
-    budget = 96 << 20
-    engine = Engine.from_pretrained("tiny", layout=layout, device_memory="96MiB", **OPTIONS)
-    engine.generate(PROMPTS[:1], sampling=GREEDY)
-    report = engine.memory()
-    [capacity] = report.capacity
-    cfg = tiny_config()
-    attention = cfg.full_attention_layers
-    per_device = {}
-    for line in report.devices:
-        if layout == "tp:2":
-            layers = len(attention)
-        else:  # pp:5,3: device 0 holds layers 0-4, device 1 layers 5-7
-            span = range(0, 5) if line.device == 0 else range(5, 8)
-            layers = sum(1 for i in attention if i in span)
-        page = _page_bytes(width, layers)
-        assert line.bytes["kv_pages"] == 64 * page  # the live pool: 64 pages
+        page = _page_bytes(width, _layers_on(layout, line.device))
+        assert line.bytes["kv_pages"] == 512 * page
         room = budget - line.bytes["weights"] - line.bytes["gdn_slots"]
         room -= line.bytes["workspace"] + reserve(budget)
         per_device[line.device] = math.floor(room / page)
+    assert sum(live[d.device] for d in report.devices) >= 0.95 * sum(live.values())
+    [capacity] = report.capacity
     tightest = min(per_device, key=per_device.get)
     assert (capacity.pages, capacity.device) == (per_device[tightest], tightest)
     assert capacity.tokens == 16 * capacity.pages
