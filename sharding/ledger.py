@@ -19,7 +19,6 @@ from typing import Any
 from flipjax.model.config import ModelConfig
 from flipjax.runtime.binding import Binding
 from flipjax.runtime.placement import Placement
-from flipjax.runtime.program_cache import PROGRAMS
 from flipjax.runtime.workspace_probe import temp_bytes
 from sharding.budgets import format_bytes, reserve
 from sharding.memory import bytes_per_device, held_bytes
@@ -60,15 +59,11 @@ def workspace(binding: Binding, placement: Placement | None = None) -> Counter[i
     compiled so far for `placement` (default: the binding's own) and this binding's model and
     pools."""
     placement = placement or binding.placement
-    base = binding._key_base
-    devices = {i: [d.id for d in s.mesh.devices.flat] for i, s in enumerate(placement.stages)}
     work: Counter[int] = Counter()
-    for key, (step, write, _) in list(PROGRAMS.items()):
-        if key[3] != placement.key or key[0] != base[0] or key[4] != base[4]:
-            continue
+    for stage, step, write in binding.compiled(placement):
         temp = max(temp_bytes(step), temp_bytes(write))
-        for device in devices.get(key[7], ()):
-            work[device] = max(work[device], temp)
+        for device in placement.stages[stage].mesh.devices.flat:
+            work[device.id] = max(work[device.id], temp)
     return work
 
 

@@ -132,6 +132,18 @@ class Binding(StageChain):
         self._found[(stage, shape, score)] = PROGRAMS[key]
         return PROGRAMS[key]
 
+    def compiled(self, placement: Placement | None = None) -> list[tuple[int, Any, Any]]:
+        """(stage, step, write) of every program compiled so far in this process for this
+        binding's model and pools over `placement` (default: its own): what the memory
+        ledger reads the workspace of."""
+        key = (placement or self.placement).key
+        cfg, pools = self._key_base[0], self._key_base[4]
+        return [
+            (k[7], step, write)
+            for k, (step, write, _) in list(PROGRAMS.items())
+            if k[3] == key and k[0] == cfg and k[4] == pools
+        ]
+
     def _key(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, ...]:
         return (*self._key_base, stage, shape, score)
 

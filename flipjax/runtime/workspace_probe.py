@@ -22,7 +22,6 @@ from flipjax.runtime.cache import init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
-from flipjax.runtime.program_cache import PROGRAMS
 from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch
 
@@ -56,12 +55,9 @@ def probe_workspace(
     shapes = [binding.split(b, t)[1:] for b, t in ((decode, 1), (1, prefill))]
     compile_programs(binding, shapes)
     work: Counter[int] = Counter()
-    for s, stage in enumerate(placement.stages):
-        temp = 0
-        for b, t in shapes:
-            step, write, _ = PROGRAMS[binding._key(s, (b, t))]
-            temp = max(temp, temp_bytes(step), temp_bytes(write))
-        for device in stage.mesh.devices.flat:
+    for stage, step, write in binding.compiled():
+        temp = max(temp_bytes(step), temp_bytes(write))
+        for device in placement.stages[stage].mesh.devices.flat:
             work[device.id] = max(work[device.id], temp)
     return work
 
