@@ -8,28 +8,13 @@ device has no budget unless one is given: budgets are how a CPU mesh models uneq
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+from pydantic import ByteSize, TypeAdapter, ValidationError
+
 MAX_BUDGET = 2**50  # a petabyte: a size past it is a typo
+_BYTE_SIZE = TypeAdapter(ByteSize)
 # What a budget keeps free beside the state: room for a flip's transfers and allocator slack.
 RESERVE_FRACTION = 0.05
 
@@ -39,14 +24,14 @@ class BudgetError(ValueError):
 
 
 def parse_size(text: str) -> int:
-    """`32GiB`, `10G` (decimal), `512MiB`, `1.5GiB` or plain bytes, as bytes."""
-    match = _SIZE.fullmatch(text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
+    """`32GiB`, `10G` (decimal), `512MiB`, `1.5GiB` or plain bytes, as bytes (pydantic's
+    `ByteSize` reads the units)."""
+    try:
+        size = int(_BYTE_SIZE.validate_python(text.strip()))
+    except ValidationError:
         raise BudgetError(
             f"device_memory: cannot read {text!r} as a size (e.g. 32GiB, 10GB, 512MiB, bytes)"
-        )
-    size = int(float(match.group(1)) * _UNITS[unit])
+        ) from None
     if not 0 < size <= MAX_BUDGET:
         raise BudgetError(f"device_memory: {text!r} must be above 0 and at most 1 PiB")
     return size
