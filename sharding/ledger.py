@@ -19,9 +19,10 @@ from typing import Any
 from flipjax.model.config import ModelConfig
 from flipjax.runtime.binding import Binding
 from flipjax.runtime.placement import Placement
-from flipjax.runtime.workspace_probe import temp_bytes
+from flipjax.runtime.workspace_probe import workspace
 from sharding.budgets import format_bytes, reserve
 from sharding.memory import bytes_per_device, held_bytes
+from sharding.pool_sizing import footprint, tightest
 
 KINDS = ("weights", "kv_pages", "gdn_slots", "workspace", "reserve")
 
@@ -54,28 +55,18 @@ class Capacity:
     device: int | None
 
 
-def workspace(binding: Binding, placement: Placement | None = None) -> Counter[int]:
-    """Per device (by id), the largest temporary memory of the step and write programs
-    compiled so far for `placement` (default: the binding's own) and this binding's model and
-    pools."""
-    placement = placement or binding.placement
-    work: Counter[int] = Counter()
-    for stage, step, write in binding.compiled(placement):
-        temp = max(temp_bytes(step), temp_bytes(write))
-        for device in placement.stages[stage].mesh.devices.flat:
-            work[device.id] = max(work[device.id], temp)
-    return work
-
-
-def account(binding: Binding, budgets: Mapping[int, int] | None) -> tuple[DeviceMemory, ...]:
+def account(
+    binding: Binding, budgets: Mapping[int, int] | None, work: Counter[int] | None = None
+) -> tuple[DeviceMemory, ...]:
     """The ledger of the binding's devices: what its placed weights and pools hold on each,
-    its compiled programs' workspace, and the reserve of each budget."""
+    its compiled programs' workspace (`work`, when already read), and the reserve of each
+    budget."""
     state = binding.state
     kinds = {
         "weights": held_bytes(binding.params),
         "kv_pages": held_bytes(state.kv),
         "gdn_slots": held_bytes(state.gdn),
-        "workspace": workspace(binding),
+        "workspace": work if work is not None else workspace(binding),
     }
     lines = []
     for device in binding.placement.devices:
@@ -91,51 +82,23 @@ def capacity(
     budgets: Mapping[int, int] | None,
     num_pages: int,
     page_size: int,
+    own_work: Counter[int],
 ) -> Capacity:
     """The KV pages `placement` could hold within `budgets`, beside what the binding's weights
-    and GDN slots would take there. The workspace is that of the placement's compiled
-    programs, else the largest of the binding's own."""
-    work = workspace(binding, placement)
-    other = max(workspace(binding).values(), default=0)
-    state = binding.state
-    return pages_within(
-        placement, binding.cfg, binding.params, state, num_pages, budgets, work, other, page_size
-    )
-
-
-def pages_within(
-    placement: Placement,
-    cfg: ModelConfig,
-    params: Any,
-    state: Any,
-    num_pages: int,
-    budgets: Mapping[int, int] | None,
-    work: Mapping[int, int],
-    other_work: int,
-    page_size: int,
-) -> Capacity:
-    """The KV pages `placement` can hold within `budgets`: per device, what the budget leaves
-    after the weights, the GDN slots, its workspace (`work` by device id, else `other_work`)
-    and the reserve, over the bytes one page takes there (`state`, arrays or shapes, holds
-    `num_pages`); the tightest device's count."""
+    and GDN slots would take there (`sharding.pool_sizing`'s rule for one layout). The
+    workspace is that of the placement's compiled programs, else the largest of the binding's
+    own (`own_work`)."""
+    none = Capacity(placement.name, None, None, None)
     if budgets is None or any(d.id not in budgets for d in placement.devices):
-        return Capacity(placement.name, None, None, None)
-    weights = bytes_per_device(params, placement.param_shardings(params))
-    shardings = placement.state_shardings(cfg)
-    kv = bytes_per_device(state.kv, shardings.kv)
-    gdn = bytes_per_device(state.gdn, shardings.gdn)
-    best: Capacity | None = None
-    for device in placement.devices:
-        per_page = kv[device] // num_pages
-        if per_page == 0:
-            continue  # a stage without attention layers holds no pages
-        budget = budgets[device.id]
-        room = budget - weights[device] - gdn[device] - work.get(device.id, other_work)
-        room -= reserve(budget)
-        pages = max(0, room // per_page)
-        if best is None or pages < (best.pages or 0):
-            best = Capacity(placement.name, pages, pages * page_size, device.id)
-    return best or Capacity(placement.name, None, None, None)
+        return none
+    compiled = workspace(binding, placement)
+    largest = max(own_work.values(), default=0)
+    work = {d.id: compiled.get(d.id, largest) for d in placement.devices}
+    held = footprint(placement, binding.cfg, binding.params, binding.state, num_pages, work)
+    if not any(held.page.values()):
+        return none  # no attention layer: no pages to hold
+    limit = tightest([placement], [held], budgets)
+    return Capacity(placement.name, limit.pages, limit.pages * page_size, limit.device)
 
 
 def overdraft(
@@ -186,8 +149,9 @@ def report(
     """The ledger and the capacities (the live layout first) between two steps."""
     placements = [binding.placement]
     placements += [p for p in armed if p.key != binding.placement.key]
-    capacities = tuple(capacity(binding, p, budgets, num_pages, page_size) for p in placements)
-    return MemoryReport(binding.placement.name, account(binding, budgets), capacities)
+    own = workspace(binding)
+    capacities = tuple(capacity(binding, p, budgets, num_pages, page_size, own) for p in placements)
+    return MemoryReport(binding.placement.name, account(binding, budgets, own), capacities)
 
 
 def table(lines: tuple[DeviceMemory, ...], layout: str) -> str:

@@ -16,12 +16,13 @@ import dataclasses
 import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
 
-from flipjax.runtime.cache import init_cache_state
+from flipjax.model.config import ModelConfig
+from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import probe_workspace
@@ -63,15 +64,20 @@ def pool_pages(
         return cap if cap is not None else DEFAULT_NUM_PAGES
     # Without any workspace the pool could be at most this; the steps' temporaries are then
     # measured over a pool of that size (or of the cap's, which is then the engine's own).
-    free = [_footprint(p, shape, params, {}) for p in placements]
-    bound = _tightest(placements, free, budgets)
+    one = _one_page(shape)
+    free = [footprint(p, shape.cfg, params, one, 1, {}) for p in placements]
+    if not any(n for f in free for n in f.page.values()):
+        return cap if cap is not None else DEFAULT_NUM_PAGES  # no attention layer: no pages
+    bound = tightest(placements, free, budgets)
     if bound.pages < 1:
         _refuse(bound)  # a workspace only takes more
     probe_pages = max(1, min(bound.pages, cap) if cap is not None else bound.pages)
     probed = dataclasses.replace(shape, num_pages=probe_pages)
     work = [probe_workspace(graphdef, params, probed, p) for p in placements]
-    prints = [_footprint(p, shape, params, w) for p, w in zip(placements, work, strict=True)]
-    limit = _tightest(placements, prints, budgets)
+    prints = [
+        footprint(p, shape.cfg, params, one, 1, w) for p, w in zip(placements, work, strict=True)
+    ]
+    limit = tightest(placements, prints, budgets)
     if limit.pages < 1:
         _refuse(limit)
     return min(limit.pages, cap) if cap is not None else limit.pages
@@ -89,22 +95,34 @@ def _budgeted(placements: Sequence[Placement], budgets: Mapping[int, int]) -> bo
     return all(d.id in budgets for p in placements for d in p.devices)
 
 
-def _footprint(
-    placement: Placement, shape: RunnerShape, params: nnx.State, work: Mapping[int, int]
+def footprint(
+    placement: Placement,
+    cfg: ModelConfig,
+    params: Any,
+    state: CacheState,
+    num_pages: int,
+    work: Mapping[int, int],
 ) -> Footprint:
-    cfg = shape.cfg
-    state = jax.eval_shape(
-        lambda: init_cache_state(cfg, 1, shape.page_size, shape.num_slots, shape.dtype)
-    )
+    """What `placement` holds per device of `params` and of `state` (arrays or shapes, with
+    `num_pages` pages), with the workspace `work`."""
     shardings = placement.state_shardings(cfg)
     by_id = lambda need: Counter({d.id: n for d, n in need.items()})  # noqa: E731
     fixed = by_id(bytes_per_device(params, placement.param_shardings(params)))
     fixed += by_id(bytes_per_device(state.gdn, shardings.gdn))
-    page = by_id(bytes_per_device(state.kv, shardings.kv))
+    page = Counter(
+        {d: n // num_pages for d, n in by_id(bytes_per_device(state.kv, shardings.kv)).items()}
+    )
     return Footprint(fixed, page, work)
 
 
-def _tightest(
+def _one_page(shape: RunnerShape) -> CacheState:
+    cfg = shape.cfg
+    return jax.eval_shape(
+        lambda: init_cache_state(cfg, 1, shape.page_size, shape.num_slots, shape.dtype)
+    )
+
+
+def tightest(
     placements: Sequence[Placement], prints: Sequence[Footprint], budgets: Mapping[int, int]
 ) -> Limit:
     """The smallest page count any layout alone, or any flip between two (both footprints at

@@ -54,8 +54,16 @@ def probe_workspace(
     # A pipeline runs each step in pieces: the pieces' shapes are the programs it compiles.
     shapes = [binding.split(b, t)[1:] for b, t in ((decode, 1), (1, prefill))]
     compile_programs(binding, shapes)
+    return workspace(binding)
+
+
+def workspace(binding: Binding, placement: Placement | None = None) -> Counter[int]:
+    """Per device (by id), the largest temporary memory of the step and write programs
+    compiled so far for `placement` (default: the binding's own) and the binding's model and
+    pools."""
+    placement = placement or binding.placement
     work: Counter[int] = Counter()
-    for stage, step, write in binding.compiled():
+    for stage, step, write in binding.compiled(placement):
         temp = max(temp_bytes(step), temp_bytes(write))
         for device in placement.stages[stage].mesh.devices.flat:
             work[device.id] = max(work[device.id], temp)
