@@ -1,20 +1,21 @@
 """The live phase flip: move the one logical state to another layout and swap the binding.
 
 `Layouts.flip(layout)` checks the target (a `LayoutError` leaves everything as it was), makes
-sure its step programs are compiled (`Layouts.arm`; a flip to an armed layout compiles
-nothing), checks the target devices have room for it beside what they hold (a `FlipError`
-names the numbers), then copies device to device, never through the host: the parameters
-whole, and of the pools only the pages and slots someone holds (`sharding.movers`; the target
-allocates the rest itself). It verifies every copy landed where the placement says, and only
-then swaps `runner.binding`. Until the swap the old binding serves and owns every array, so a
-failure at any point before it loses nothing. After the swap nothing refers to the old arrays,
-so they are freed; they are not deleted by hand, because a shard that already sat where the
-target wants it may be shared by the new array rather than copied.
+sure its programs are compiled (`Layouts.arm`; a flip to an armed layout compiles nothing),
+checks the devices have room for it (a `FlipError` names the device, the need and the budget),
+then moves the parameters and, of the pools, only the pages and slots someone holds.
 
-Requests in flight need nothing: page and slot ids are logical, the scheduler's tables keep
-their meaning, and the next step simply runs on the new binding. The copy is not donated: a
-donated move that failed half way would leave neither layout whole. The price is that the
-moved state is briefly held twice, which the room check accounts for.
+In one process the move is windowed (`sharding.windowed_flip`): the live rows go to the host,
+the old layout is freed, and the new one is written from the weights' host image and those
+rows, so no device ever holds both layouts; a failure once the old layout is freed lands the
+old layout again from the same host copies. Across processes (the weights have no host image
+there) it copies device to device (`sharding.flip_copy`) and the old binding serves and owns
+every array until the swap, so the moved state is briefly held twice.
+
+Either way every leaf is checked to have landed where the placement says before
+`runner.binding` is swapped, and a failure ends with one whole layout bound. Requests in flight
+need nothing: page and slot ids are logical, the scheduler's tables keep their meaning, and the
+next step simply runs on the new binding.
 """
 
 from __future__ import annotations
@@ -23,115 +24,31 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import jax
-
-from flipjax.runtime import cache_io
+from flipjax.runtime import multihost
 from flipjax.runtime.allocator import Allocator
-from flipjax.runtime.binding import Binding, compile_programs
-from flipjax.runtime.cache import CacheState
-from flipjax.runtime.crosshost import reshard
 from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.placement import Placement
+from flipjax.runtime.workspace_probe import workspace
+from sharding import windowed_flip
+from sharding.flip_copy import (
+    FlipError,
+    FlipRecord,
+    arm,
+    landed_ms,
+    nbytes,
+    placed_copy,
+    shardings_of,
+)
+from sharding.flip_waves import OnWave
 from sharding.layout import Layout, parse_layout, placement_for
 from sharding.memory import bytes_per_device, held_bytes, shortfall
-from sharding.movers import move_live, warm
+
+__all__ = ["FlipError", "FlipRecord", "Layouts", "arm"]
 
 log = logging.getLogger("flipjax.flip")
-
-
-class FlipError(RuntimeError):
-    """A flip failed or was refused before the swap; the old layout is still bound."""
-
-
-@dataclass(frozen=True)
-class FlipRecord:
-    """What one flip moved and how long each part took."""
-
-    source: str
-    target: str
-    generation: int  # the binding generation after this flip
-    weights_bytes: int
-    kv_bytes: int  # what crossed: the live pages, rounded up to a bucket
-    gdn_bytes: int
-    weights_ms: float
-    kv_ms: float
-    gdn_ms: float
-    total_ms: float
-    check_ms: float = 0.0  # room before, landing after
-    held_bytes: int = 0  # the whole state: what moving the pools whole would have moved
-    live_pages: int = 0
-    live_slots: int = 0
-    reseeded: int = 0  # cached-prefix pages dropped for the store to serve again
-
-    @property
-    def direction(self) -> str:
-        return f"{self.source}->{self.target}"
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.gdn_bytes
-
-
-def _nbytes(tree: Any) -> int:
-    return sum(x.nbytes for x in jax.tree.leaves(tree))
-
-
-def _move(tree: Any, shardings: Any) -> tuple[Any, float]:
-    t0 = time.perf_counter()
-    moved = jax.block_until_ready(reshard(tree, shardings))
-    return moved, (time.perf_counter() - t0) * 1e3
-
-
-def _move_pools(
-    state: CacheState, shardings: CacheState, pages: list[int], slots: list[int]
-) -> tuple[CacheState, dict[str, float]]:
-    return move_live(state, shardings, pages, slots)
-
-
-def arm(runner: ModelRunner, placement: Placement, state_io: bool = False) -> None:
-    """Compile everything a flip to `placement` and back would compile.
-
-    That is the target's step programs for every serving shape, the transfer programs
-    `jax.device_put` builds to reshard the parameters (warmed by a trial move there and back),
-    and the live-set movers of the pools for every bucket of rows. Transfers are warmed between
-    the current layout and the target only; arm from the layout you will flip from. With
-    `state_io`, the programs that move pages and states (prefix cache and store) are warmed on
-    a trial pool on the target too. The binding is not touched.
-    """
-    skeleton = runner.binding.rebind(placement, runner.binding.params, runner.binding.state)
-    shapes = set(runner.shapes)
-    for b, t in runner.shapes:  # the pieces a pipeline cuts steps into
-        shapes.add(skeleton.split(b, t)[1:])
-    with runner.compiles.watch():
-        compile_programs(skeleton, sorted(shapes))
-        current = runner.binding
-        if placement.key != current.placement.key:
-            (there_sh, target_sh), (back_sh, source_sh) = (
-                _shardings(runner, placement),
-                _shardings(runner, current.placement),
-            )
-            there = jax.block_until_ready(reshard(current.params, there_sh))
-            jax.block_until_ready(reshard(there, back_sh))
-            warm(current.state, source_sh, target_sh)
-            if state_io:
-                cache_io.warm(move_live(current.state, target_sh, [], [])[0], runner.table_width)
-
-
-def _shardings(runner: ModelRunner, placement: Placement) -> tuple[Any, Any]:
-    return (
-        placement.param_shardings(runner.binding.params),
-        placement.state_shardings(runner.cfg),
-    )
-
-
-def _check_landed(tree: Any, shardings: Any, what: str) -> None:
-    for leaf, want in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings), strict=True):
-        if not leaf.sharding.is_equivalent_to(want, leaf.ndim):
-            raise FlipError(f"flip: a {what} leaf landed on {leaf.sharding}, not {want}")
 
 
 class Layouts:
@@ -148,8 +65,16 @@ class Layouts:
         state_io: bool = False,
         headroom: int | None = None,
         budgets: dict[int, int] | None = None,
+        flip_window: int | None = None,
     ):
         self.runner = runner
+        self.flip_window = flip_window  # bytes per device; None: `windowed_flip.windows`
+        # Called at every wave of a windowed flip with each device's program temp bytes: the
+        # bench and the tests read live bytes there (and a test injects a failure).
+        self.on_wave: OnWave | None = None
+        # Copy device to device even in one process, both layouts held at once: a cluster's
+        # flip, which the bench times the windowed one against.
+        self.device_copy = False
         self.allocator = allocator
         self.state_io = state_io  # also warm the page and state moves of the prefix cache/store
         self.headroom = headroom
@@ -169,11 +94,31 @@ class Layouts:
         placement_for(layout, self.runner.cfg)  # refused here, before any process starts it
         return self.prepare(str(parse_layout(layout)), self.state_io)
 
+    @property
+    def windowed(self) -> bool:
+        """Whether flips pass through the host within a window (`sharding.windowed_flip`): in
+        one process, with the weights' host image. A cluster copies device to device."""
+        if self.device_copy:
+            return False
+        return self.runner.image is not None and not multihost.current().multi
+
+    def _footprints(self, placement: Placement) -> tuple[Any, Any]:
+        """(now, in `placement`): what each device (by id) holds of weights and pools."""
+        old = self.runner.binding
+        trees = (old.params, old.state)
+        return held_bytes(trees), windowed_flip.footprints(
+            trees, shardings_of(self.runner, placement)
+        )
+
+    def window(self, placement: Placement) -> dict[int, int]:
+        now, then = self._footprints(placement)
+        return windowed_flip.windows(now, then, self.budgets, self.flip_window)
+
     @mirrored
     def prepare(self, layout: str, state_io: bool) -> Placement:
         """`arm` (every process of a cluster runs it alike: `state_io` is explicit)."""
         placement = placement_for(layout, self.runner.cfg)
-        arm(self.runner, placement, state_io)
+        arm(self.runner, placement, state_io, self.window(placement) if self.windowed else None)
         self.armed[placement.name] = placement
         return placement
 
@@ -189,10 +134,7 @@ class Layouts:
         if placement.key == old.placement.key:
             return None
         t0 = time.perf_counter()
-        param_sh, state_sh = _shardings(runner, placement)
-        need = bytes_per_device((old.params, old.state), (param_sh, state_sh))
-        held = held_bytes((old.params, old.state)) if self.budgets else None
-        if (why := shortfall(need, self.headroom, self.budgets, held)) is not None:
+        if (why := self._shortfall(placement)) is not None:
             self.counters["refused_memory"] += 1
             raise FlipError(f"flip to {placement.name} refused: {why}")
         dropped = reseed() if reseed is not None else 0
@@ -213,7 +155,7 @@ class Layouts:
             target=placement.name,
             generation=self.generation,
             total_ms=(time.perf_counter() - t0) * 1e3,
-            held_bytes=_nbytes((old.params, old.state)),
+            held_bytes=nbytes((old.params, old.state)),
             live_pages=len(pages),
             live_slots=len(slots),
             reseeded=dropped,
@@ -236,37 +178,51 @@ class Layouts:
         )
         return record
 
+    def _shortfall(self, placement: Placement) -> str | None:
+        """Why a flip to `placement` does not fit, naming device, need and budget."""
+        old = self.runner.binding
+        if self.windowed:
+            now, then = self._footprints(placement)
+            window = windowed_flip.windows(now, then, self.budgets, self.flip_window)
+            work = workspace(old, placement) if self.budgets else Counter()
+            return windowed_flip.shortfall(
+                placement.name, now, then, window, work, self.budgets, self.headroom
+            )
+        trees = (old.params, old.state)
+        need = bytes_per_device(trees, shardings_of(self.runner, placement))
+        held = held_bytes(trees) if self.budgets else None
+        return shortfall(need, self.headroom, self.budgets, held)
+
     @mirrored
     def move(self, layout: str, pages: list[int], slots: list[int]) -> dict[str, Any]:
-        """Copy the parameters and the live `pages` and `slots` to the armed `layout` and swap
-        the binding; what was moved. The old binding stays whole until the swap."""
+        """Move the parameters and the live `pages` and `slots` to the armed `layout` and swap
+        the binding; what was moved. A failure ends with the old layout bound and whole."""
         runner, placement = self.runner, self.armed[layout]
-        param_sh, state_sh = _shardings(runner, placement)
+        param_sh, state_sh = shardings_of(runner, placement)
+        old = runner.binding
         with runner.compiles.watch():  # a compile here would be on the critical path
-            new, moved = _placed_copy(runner.binding, placement, param_sh, state_sh, pages, slots)
+            if not self.windowed:
+                new, moved = placed_copy(old, placement, param_sh, state_sh, pages, slots)
+            else:
+                window = self.window(placement)
+                try:
+                    new, moved = windowed_flip.windowed_copy(
+                        old,
+                        placement,
+                        param_sh,
+                        state_sh,
+                        runner.image,
+                        pages,
+                        slots,
+                        window,
+                        lambda params, state: landed_ms(params, param_sh, state, state_sh),
+                        self.on_wave,
+                    )
+                except windowed_flip.Restored as restored:
+                    runner.binding = restored.binding
+                    raise FlipError(
+                        f"flip to {layout} failed after the old layout was freed, and the old "
+                        f"layout was restored from the host: {restored.cause}"
+                    ) from restored.cause
         runner.binding = new  # the swap: from here on every reader sees the new layout
         return moved
-
-
-def _placed_copy(
-    old: Binding,
-    placement: Placement,
-    param_sh: Any,
-    state_sh: CacheState,
-    pages: list[int],
-    slots: list[int],
-) -> tuple[Binding, dict[str, Any]]:
-    """Copy the parameters and the live pools to `placement`, check where each landed, and
-    bind the copies. Returns the new binding and what was moved (bytes and ms per part)."""
-    params, weights_ms = _move(old.params, param_sh)
-    state, pools = _move_pools(old.state, state_sh, pages, slots)
-    t0 = time.perf_counter()
-    _check_landed(params, param_sh, "weight")
-    _check_landed(state, state_sh, "pool")
-    moved = dict(
-        weights_bytes=_nbytes(params),
-        weights_ms=weights_ms,
-        **pools,
-        check_ms=(time.perf_counter() - t0) * 1e3,
-    )
-    return old.rebind(placement, params, state), moved

@@ -65,3 +65,21 @@ def shortfall(
                 f"what it holds, {free / 2**20:.1f} MiB are free ({source})"
             )
     return None
+
+
+def live_bytes(exclude: set[int] | None = None) -> Counter[int]:
+    """Bytes each device (by id) holds of every live array in this process (`jax.live_arrays`),
+    leaving out the arrays whose `id` is in `exclude`: what a device really holds, for the
+    bench and the tests to hold the ledger and the flip's window against. A buffer is counted
+    once however many arrays view it (a shard's `.data` is itself a live array)."""
+    buffers: dict[tuple[int, int], int] = {}
+    for array in jax.live_arrays():
+        if (exclude is not None and id(array) in exclude) or array.is_deleted():
+            continue
+        for shard in array.addressable_shards:
+            data = shard.data
+            buffers[(shard.device.id, data.unsafe_buffer_pointer())] = data.nbytes
+    held: Counter[int] = Counter()
+    for (device, _), size in buffers.items():
+        held[device] += size
+    return held

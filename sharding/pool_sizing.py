@@ -1,13 +1,13 @@
 """How many KV pages the engine's pool gets: the most that every layout it starts with (the live
-one and those it arms at start) can hold within the device budgets, and that a flip between any
-two of them can hold too, capped by `--num-pages`; 1024 where no device has a budget.
+one and those it arms at start) can hold within the device budgets, capped by `--num-pages`;
+1024 where no device has a budget.
 
-A flip today allocates the target's weights and pools while the old ones are alive, so on each
-device a flip from A to B needs A's footprint and B's at once: with more than one layout that,
-not a layout alone, is usually what limits the pool. Each layout's own capacity is reported
-apart (`Engine.memory()`), so what a flip that moves in waves would gain is visible. Each
-layout's workspace is measured by compiling its largest steps from shapes (`probe_workspace`)
-before anything is placed.
+In one process a flip moves within a window (`sharding.windowed_flip`): a device never holds
+more than the larger of the two layouts plus the window, which the reserve and the workspace
+(idle during a flip) cover, so each layout alone sets the limit. Across processes a flip holds
+the old and the new layout at once (`flips_hold_both`), so there each pair of layouts is a
+limit too. Each layout's workspace is measured by compiling its largest steps from shapes
+(`probe_workspace`) before anything is placed.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ def pool_pages(
     placements: Sequence[Placement],
     budgets: Mapping[int, int] | None,
     cap: int | None,
+    flips_hold_both: bool = False,
 ) -> int:
     """The pool's page count for `placements` (the live one first) within `budgets`; `cap`
     (`--num-pages`) when smaller, or when no device has a budget. BudgetError naming the
@@ -68,7 +69,7 @@ def pool_pages(
     free = [footprint(p, shape.cfg, params, one, 1, {}) for p in placements]
     if not any(n for f in free for n in f.page.values()):
         return cap if cap is not None else DEFAULT_NUM_PAGES  # no attention layer: no pages
-    bound = tightest(placements, free, budgets)
+    bound = tightest(placements, free, budgets, flips_hold_both)
     if bound.pages < 1:
         _refuse(bound)  # a workspace only takes more
     probe_pages = max(1, min(bound.pages, cap) if cap is not None else bound.pages)
@@ -77,7 +78,7 @@ def pool_pages(
     prints = [
         footprint(p, shape.cfg, params, one, 1, w) for p, w in zip(placements, work, strict=True)
     ]
-    limit = tightest(placements, prints, budgets)
+    limit = tightest(placements, prints, budgets, flips_hold_both)
     if limit.pages < 1:
         _refuse(limit)
     return min(limit.pages, cap) if cap is not None else limit.pages
@@ -123,13 +124,17 @@ def _one_page(shape: RunnerShape) -> CacheState:
 
 
 def tightest(
-    placements: Sequence[Placement], prints: Sequence[Footprint], budgets: Mapping[int, int]
+    placements: Sequence[Placement],
+    prints: Sequence[Footprint],
+    budgets: Mapping[int, int],
+    flips_hold_both: bool = False,
 ) -> Limit:
-    """The smallest page count any layout alone, or any flip between two (both footprints at
-    once), allows on any device."""
+    """The smallest page count any layout alone (or, when `flips_hold_both`, any flip between
+    two: both footprints at once) allows on any device."""
     cases = [(p.name, (f,)) for p, f in zip(placements, prints, strict=True)]
-    pairs = itertools.permutations(zip(placements, prints, strict=True), 2)
-    cases += [(f"a flip {a.name} -> {b.name}", (fa, fb)) for (a, fa), (b, fb) in pairs]
+    if flips_hold_both:
+        pairs = itertools.permutations(zip(placements, prints, strict=True), 2)
+        cases += [(f"a flip {a.name} -> {b.name}", (fa, fb)) for (a, fa), (b, fb) in pairs]
     limits = []
     for what, footprints in cases:
         devices = set().union(*(f.fixed.keys() | f.page.keys() for f in footprints))

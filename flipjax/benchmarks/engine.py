@@ -139,6 +139,13 @@ def main(argv: list[str] | None = None) -> None:
         "prompts prefill, and the decode rate also times those steps)",
     )
     p.add_argument(
+        "--num-pages",
+        type=int,
+        default=None,
+        help="the KV pool's pages (default: just what the largest batch needs); a decode "
+        "step should cost the same with a large pool as with a small one",
+    )
+    p.add_argument(
         "--disable-overlap-schedule",
         action="store_true",
         help="take each step's tokens in before the next, as in serve",
@@ -174,7 +181,8 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
         max_running_requests=max(batches),
         max_prefill_tokens=args.max_prefill_tokens or max(batches) * args.prompt_len,
         max_model_len=args.prompt_len + args.decode_tokens + 16,
-        num_pages=max(batches) * ((args.prompt_len + args.decode_tokens) // 16 + 2),
+        num_pages=args.num_pages
+        or max(batches) * ((args.prompt_len + args.decode_tokens) // 16 + 2),
         overlap=not args.disable_overlap_schedule,
     )
     t0 = time.perf_counter()

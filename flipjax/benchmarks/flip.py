@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from flipjax.model import orbax_io as orbax_ckpt
-    from sharding.flip import _shardings  # the same target trees the flip moves
+    from sharding.flip_copy import shardings_of  # the same target trees the flip moves
 
     cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})
     layouts = _rig(cfg, args.num_pages, args.a)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         full = records
     tree = (runner.binding.params, runner.binding.state)
     placements = {name: layouts.armed[name] for name in (args.a, args.b)}
-    shardings = {name: _shardings(runner, pl) for name, pl in placements.items()}
+    shardings = {name: shardings_of(runner, pl) for name, pl in placements.items()}
     copies = {}
     for source, target in ((args.a, args.b), (args.b, args.a)):
         here = jax.block_until_ready(jax.device_put(tree, shardings[source]))

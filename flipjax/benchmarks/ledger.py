@@ -7,33 +7,42 @@ MiB per part; default 25: 800, 250 and 250 MiB) on the first three devices of th
 For each layout the engine is built with those budgets and its pool sized from them
 (`sharding/pool_sizing.py`); the bench prints its ledger, its KV capacity and how many
 4096-token requests that holds at once, or why the layout does not fit. For each pair that
-fits, the peak a flip holds per device today (the old layout's arrays and the new one's at
-once) is set against max(old, new) + a 5% window.
+fits, a flip there and back at 1%, 25% and 100% occupancy: each device's peak, read at every
+wave, against max(old, new) + the window, and the flip's time against today's (device to
+device, both layouts held at once) in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import statistics
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 if "XLA_FLAGS" not in os.environ:  # on the CPU, give the layouts eight devices to use
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG  # noqa: E402
+from flipjax.benchmarks.flip import _Holder, _rig  # noqa: E402
 from flipjax.config.tree import FlipjaxConfig  # noqa: E402
 from flipjax.engine.engine import Engine  # noqa: E402
 from flipjax.model.config import ModelConfig  # noqa: E402
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
 from flipjax.model.tokenizer import ByteTokenizer  # noqa: E402
 from sharding.budgets import BudgetError, format_bytes, parse_sizes  # noqa: E402
+from sharding.flip import Layouts  # noqa: E402
 from sharding.layout import LayoutError  # noqa: E402
 from sharding.ledger import DeviceMemory  # noqa: E402
+from sharding.memory import live_bytes  # noqa: E402
 
 REQUEST_TOKENS = 4096
-WINDOW_FRACTION = 0.05
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,12 +52,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--layouts", default="pp:7,3,2;pp:8,2,2;tp:2", help="layouts to build, ';'-separated"
     )
+    p.add_argument("--repeats", type=int, default=2, help="flips timed per direction")
     args = p.parse_args(argv)
     budgets = ",".join(f"{int(float(x) * args.unit)}MiB" for x in args.parts.split(","))
     cfg = ModelConfig.from_hf({**REFERENCE_CONFIG, "model_type": "qwen3_next"})
     model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0))
     print(f"model: 133M parameters, float32; budgets {budgets} (devices 0..)")
     held: dict[str, tuple[DeviceMemory, ...]] = {}
+    pool: dict[str, int] = {}
     for layout in args.layouts.split(";"):
         config = FlipjaxConfig.build(
             layout=layout, device_memory=budgets, max_running_requests=8, max_prefill_tokens=256
@@ -67,27 +78,99 @@ def main(argv: list[str] | None = None) -> None:
             f"{pages * 16 // REQUEST_TOKENS} requests of {REQUEST_TOKENS} tokens at once"
         )
         held[layout] = report.devices
+        pool[layout] = engine.stats().pools["pages_total"]
         engine.close()
-    _flip_peaks(held, parse_sizes(budgets))
+    fitting = {name: pages for name, pages in pool.items() if name in held}
+    _flip_peaks(cfg, fitting, parse_sizes(budgets), args.repeats)
 
 
-def _flip_peaks(held: dict[str, tuple[DeviceMemory, ...]], budgets: tuple[int, ...]) -> None:
-    """Per device, a flip's peak today (both layouts' arrays at once) against the goal."""
-    print("\nflip peak per device (today: old + new held at once; goal: max(old, new) + window)")
-    names = list(held)
-    for a in names:
-        for b in names:
-            if a == b:
-                continue
-            old = {d.device: d.used - d.bytes["reserve"] for d in held[a]}
-            new = {d.device: d.used - d.bytes["reserve"] for d in held[b]}
-            for device in sorted(old.keys() | new.keys()):
-                o, n = old.get(device, 0), new.get(device, 0)
-                budget = budgets[device] if device < len(budgets) else 0
-                goal = max(o, n) + WINDOW_FRACTION * budget
-                print(
-                    f"  {a} -> {b} device {device}: old {format_bytes(o)}, new "
-                    f"{format_bytes(n)}, peak today {format_bytes(o + n)}, goal "
-                    f"{format_bytes(goal)}, budget {format_bytes(budget)}"
-                    + ("  (over budget)" if o + n > budget else "")
-                )
+def _flip_peaks(
+    cfg: ModelConfig, fitting: dict[str, int], budgets: tuple[int, ...], repeats: int
+) -> None:
+    """For each pair of fitting layouts: a flip there and back at 1%, 25% and 100% of the
+    pool held, with each device's peak read at every wave (live arrays plus the wave program's
+    temporary memory) against max(old, new) + window, and its time against today's flip
+    (device to device, both layouts held at once) in the same run."""
+    print(
+        "\nflip peaks (windowed: measured at every wave; today's: old + new held at once) and times"
+    )
+    by_id = dict(enumerate(budgets))
+    names = list(fitting)
+    for a, b in [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]:
+        gc.collect()
+        before = {id(x) for x in jax.live_arrays()}
+        layouts = _rig(cfg, min(fitting[a], fitting[b]), a)
+        layouts.budgets = by_id
+        layouts.arm(b)
+        peak: Counter[int] = Counter()
+
+        def measure(
+            label: str, temp: Counter[int], peak: Counter[int] = peak, before: set = before
+        ) -> None:
+            now = live_bytes(before)
+            for device in now.keys() | temp.keys():
+                peak[device] = max(peak[device], now[device] + temp[device])
+
+        for occupancy in (0.01, 0.25, 1.0):
+            times: dict[str, list[float]] = {"windowed": [], "today": []}
+            with _held(layouts, occupancy):
+                for mode in ("today", "windowed", "today", "windowed"):  # first of each warms
+                    layouts.device_copy = mode == "today"
+                    layouts.budgets = None if mode == "today" else by_id  # today's cannot fit
+                    for source, target in ((a, b), (b, a)):
+                        old = live_bytes(before)
+                        window = layouts.window(layouts.armed[target])
+                        peak.clear()
+                        layouts.on_wave = measure if mode == "windowed" else None
+                        total = [layouts.flip(target).total_ms for _ in range(repeats)][-1]
+                        times[mode].append(total)
+                        new = live_bytes(before)
+                        if mode == "windowed" and len(times[mode]) > 2:
+                            _print_peak(occupancy, source, target, old, new, window, peak, by_id)
+            layouts.on_wave, layouts.device_copy, layouts.budgets = None, False, by_id
+            w, t = statistics.median(times["windowed"][2:]), statistics.median(times["today"][2:])
+            print(
+                f"  {occupancy:>4.0%} held: flip {a} <-> {b} windowed {w:.0f} ms, today's "
+                f"{t:.0f} ms: windowed / today = {w / t:.2f}x (goal <= 1.5x)"
+            )
+        del layouts
+
+
+def _print_peak(
+    occupancy: float,
+    source: str,
+    target: str,
+    old: Counter[int],
+    new: Counter[int],
+    window: dict[int, int],
+    peak: Counter[int],
+    budgets: dict[int, int],
+) -> None:
+    for device in sorted(old.keys() | new.keys()):
+        bound = max(old[device], new[device]) + window[device]
+        today = old[device] + new[device]
+        print(
+            f"  {occupancy:>4.0%} {source} -> {target} device {device}: old "
+            f"{format_bytes(old[device])}, new {format_bytes(new[device])}, window "
+            f"{format_bytes(window[device])} | peak {format_bytes(peak[device])} of bound "
+            f"{format_bytes(bound)} ({'within' if peak[device] <= bound else 'OVER'}) | today's "
+            f"peak {format_bytes(today)}, budget {format_bytes(budgets.get(device, 0))}"
+        )
+
+
+@contextmanager
+def _held(layouts: Layouts, occupancy: float) -> Iterator[None]:
+    """`occupancy` of the pool's pages and slots held, as requests would hold them."""
+    allocator = layouts.allocator
+    holders = [_Holder(f"bench-{i}") for i in range(max(1, int(occupancy * allocator.slots.total)))]
+    pages = max(1, int(occupancy * allocator.pages.total))
+    for i, h in enumerate(holders):
+        allocator.take_slot(h)
+        allocator.grow(
+            h, (pages // len(holders) + (i < pages % len(holders))) * allocator.page_size
+        )
+    try:
+        yield
+    finally:
+        for h in holders:
+            allocator.free(h)

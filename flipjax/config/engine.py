@@ -13,7 +13,7 @@ from typing import Protocol
 from flipjax.config.option import option
 from flipjax.model.config import DTYPE_NAMES, ModelConfig
 from flipjax.runtime.hybrid import check_interval, default_interval
-from sharding.budgets import parse_sizes
+from sharding.budgets import parse_size, parse_sizes
 
 
 class GridStore(Protocol):
@@ -174,6 +174,12 @@ class LayoutConfig:
         "budget (default: on a GPU its memory limit x --mem-fraction-static; on the CPU none)",
         metavar="SIZE[,SIZE...]",
     )
+    flip_window: str | None = option(
+        None,
+        "what a flip may hold on a device beyond the larger of the old and the new layout's "
+        "footprint, e.g. 256MiB (default: a twentieth of the device's budget)",
+        metavar="SIZE",
+    )
     mem_fraction_static: float = option(
         0.88,
         "share of a GPU's memory limit the engine's budget takes when --device-memory is not given",
@@ -189,6 +195,8 @@ class LayoutConfig:
     def __post_init__(self) -> None:
         if self.device_memory is not None:
             parse_sizes(self.device_memory)  # BudgetError (a ValueError) naming the size
+        if self.flip_window is not None:
+            parse_size(self.flip_window)
         if not 0 < self.mem_fraction_static <= 1:
             raise ValueError(
                 f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}"

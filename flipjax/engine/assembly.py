@@ -29,11 +29,12 @@ from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
+from flipjax.runtime import multihost
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.cache import init_cache_state
 from flipjax.runtime.model_runner import ModelRunner, RunnerShape
 from flipjax.runtime.placement import Placement, single_device
-from sharding.budgets import BudgetError, device_budgets
+from sharding.budgets import BudgetError, device_budgets, parse_size
 from sharding.flip import Layouts
 from sharding.layout import placement_for
 from sharding.ledger import overdraft
@@ -93,8 +94,14 @@ def assemble(
     max_len = ec.model_len(cfg)
     shape = _runner_shape(config, cfg, dtype)
     runner = ModelRunner(graphdef, params, shape, placement)
+    window = parse_size(lc.flip_window) if lc.flip_window is not None else None
     layouts = Layouts(
-        runner, allocator, moves_state, headroom=lc.flip_memory_headroom, budgets=budgets
+        runner,
+        allocator,
+        moves_state,
+        headroom=lc.flip_memory_headroom,
+        budgets=budgets,
+        flip_window=window,
     )
     reuse = PrefixReuse(runner, scheduler, ec.page_size, interval, prefix_cache, prefix_store)
     scheduler.on_admit, scheduler.on_add = reuse.seed, reuse.prefetch
@@ -152,7 +159,9 @@ def _sized(
     )
     placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
     shape = _runner_shape(config, cfg, dtype)
-    pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages)
+    # Across processes a flip holds both layouts at once (`sharding.flip`).
+    both = multihost.current().multi
+    pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages, both)
     config = dataclasses.replace(config, engine=dataclasses.replace(ec, num_pages=pages))
     pools = jax.eval_shape(lambda: init_cache_state(cfg, pages, ec.page_size, ec.slots, dtype))
     if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:

@@ -1,12 +1,14 @@
 """Loading what an engine serves: the embedded tiny model, a HF checkpoint folder, or an orbax
-folder written by `python -m flipjax.ckpt convert` (restored straight into a layout's
-shardings, each device reading only its shards)."""
+folder written by `python -m flipjax.ckpt convert`, into host memory (across processes, an
+orbax folder is restored straight into the layout's shardings, each device reading only its
+shards)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -36,13 +38,16 @@ def load(path: str, dtype: jnp.dtype, layout: str | None = None) -> Loaded:
         raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
     cfg = ModelConfig.from_hf(path)
     graphdef, abstract = abstract_params(cfg, dtype)
+    # Weights are read into host memory and placed from there shard by shard, so no device
+    # ever holds more than its share; across processes each reads only its own shards.
     if is_orbax(path):
+        placement = placement_for(layout, cfg) if layout is not None else None
         shardings = None
-        if layout is not None:
-            shardings = placement_for(layout, cfg).param_shardings(abstract)
+        if placement is not None and jax.process_count() > 1:
+            shardings = placement.param_shardings(abstract)
         params = restore_params(path, cfg, abstract, shardings)
     else:
-        params = load_params(path, cfg, abstract, dtype)
+        params = load_params(path, cfg, abstract, dtype, on_device=False)
     tokenizer = load_tokenizer(path, cfg.eos_token_id)
     return Loaded(nnx.merge(graphdef, params), tokenizer, os.path.basename(os.path.normpath(path)))
 

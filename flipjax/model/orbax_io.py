@@ -111,14 +111,14 @@ def restore_params(
     path: str, cfg: ModelConfig, abstract: nnx.State, shardings: nnx.State | None = None
 ) -> nnx.State:
     """Read the checkpoint at `path` into `abstract`'s structure and dtypes, each array placed
-    by `shardings` (a matching tree of shardings; default: the first device)."""
+    by `shardings` (a matching tree of shardings), or as host arrays without them."""
     _check_marker(path)
-    if shardings is None:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        shardings = jax.tree.map(lambda _: device, abstract)
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
-    )
+    if shardings is None:  # numpy leaves: orbax restores into host memory
+        target = jax.tree.map(lambda a: np.empty(a.shape, a.dtype), abstract)
+    else:
+        target = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+        )
     restored = ocp.StandardCheckpointer().restore(
         os.path.join(path, PARAMS_DIR), nnx.to_pure_dict(target)
     )

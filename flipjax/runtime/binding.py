@@ -26,8 +26,11 @@ from flipjax.model.gated_deltanet import GDNState
 from flipjax.runtime.cache import CacheState, GDNSlots
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.cpu_dots import step_compiler_options
+from flipjax.runtime.crosshost import reshard
+from flipjax.runtime.host_image import HostImage
 from flipjax.runtime.paged import Scores, stage_step, updates_in_place, write_slots
 from flipjax.runtime.placement import REPLICATED, Placement
+from flipjax.runtime.pool_programs import placed_zeros
 from flipjax.runtime.program_cache import PROGRAMS
 from flipjax.runtime.stage_chain import Shape, StageChain
 from flipjax.runtime.stages import ModelParts, stage_params
@@ -78,12 +81,23 @@ class Binding(StageChain):
 
     @classmethod
     def place(
-        cls, placement: Placement, params: nnx.State, state: CacheState, **binding: Any
+        cls,
+        placement: Placement,
+        params: nnx.State,
+        image: HostImage | None,
+        pools: CacheState,
+        **binding: Any,
     ) -> Binding:
-        """Put `params` and `state` where `placement` says (copies) and bind them."""
-        cfg = binding["cfg"]
-        params = jax.device_put(params, placement.param_shardings(params))
-        state = jax.device_put(state, placement.state_shardings(cfg))
+        """Bind `params` placed where `placement` says, written from their host `image` shard
+        by shard (without one, copied from `params`), and pools of zeros of the shapes of
+        `pools` made on their devices: nothing is staged on one device first."""
+        shardings = placement.param_shardings(params)
+        if image is not None:
+            params = image.tree(image.place(shardings))
+        else:
+            params = reshard(params, shardings)
+        state_sh = placement.state_shardings(binding["cfg"])
+        state = jax.tree.map(lambda x, s: placed_zeros(x.shape, x.dtype, s), pools, state_sh)
         return cls(placement, params=params, state=state, **binding)
 
     @property

@@ -116,3 +116,33 @@ def warm(state: CacheState, max_pages: int) -> CacheState:
     num_pages = state.kv[0].k.shape[0] if state.kv else 0
     state = copy_page(state, 0, num_pages)
     return write_slot(state, num_slots, rec, conv)
+
+
+def warm_shapes(state: CacheState, shardings: CacheState, max_pages: int) -> None:
+    """`warm`'s programs for pools shaped like `state`'s and laid out by `shardings`, compiled
+    from shapes: nothing is allocated (a windowed flip's target has no pool until it lands)."""
+    ids = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in _pow2_up_to(max_pages)]
+    one = jax.ShapeDtypeStruct((), jnp.int32)
+    for leaf, sharding in zip(
+        jax.tree.leaves(state.kv), jax.tree.leaves(shardings.kv), strict=True
+    ):
+        pool = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        for n in ids:
+            _gather.lower(pool, n).compile()
+            rows = jax.ShapeDtypeStruct((n.shape[0], *leaf.shape[1:]), leaf.dtype)
+            _scatter.lower(pool, n, rows).compile()
+        _copy_row.lower(pool, one, one).compile()
+    for leaf, sharding in zip(
+        jax.tree.leaves(state.gdn), jax.tree.leaves(shardings.gdn), strict=True
+    ):
+        pool = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        _gather.lower(pool, one).compile()
+        _scatter.lower(pool, one, jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)).compile()
+        _copy_row.lower(pool, one, one).compile()
+
+
+def _pow2_up_to(limit: int) -> list[int]:
+    out = [1]
+    while out[-1] < limit:
+        out.append(out[-1] * 2)
+    return out

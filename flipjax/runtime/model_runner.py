@@ -27,6 +27,7 @@ from flipjax.runtime.binding import Binding
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.host_image import HostImage
 from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.placement import Placement, single_device
 from flipjax.runtime.plan_codec import carried
@@ -84,13 +85,19 @@ class ModelRunner:
         self.compiles = CompileCounter()
         self.kernels = dispatch.current_mode()
         self.parts = ModelParts.of(graphdef, params)
-        state = init_cache_state(
-            cfg, shape.num_pages, shape.page_size, shape.num_slots, shape.dtype
+        pools = jax.eval_shape(
+            lambda: init_cache_state(
+                cfg, shape.num_pages, shape.page_size, shape.num_slots, shape.dtype
+            )
         )
+        # Every placement of the weights (this one, a flip's, a failed flip's way back) is
+        # written from this host copy; None where the weights span processes.
+        self.image = HostImage.of(params)
         self.binding = Binding.place(
             placement or single_device(cfg),
             params,
-            state,
+            self.image,
+            pools,
             cfg=cfg,
             parts=self.parts,
             kernels=self.kernels,

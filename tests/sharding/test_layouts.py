@@ -144,20 +144,37 @@ def test_refused_flip_keeps_the_old_layout(engine, straight):
     assert run(engine) == straight
 
 
-def test_failure_mid_flip_leaves_the_old_binding_serving(engine, straight, monkeypatch):
-    real_move = flip_module._move_pools
-    calls = []
+@pytest.mark.parametrize("phase", ["pull", "weights", "pools"])
+def test_a_failure_in_any_wave_of_a_flip_loses_nothing(engine, straight, phase):
+    """An allocation that fails in a wave of the pull (the old layout untouched), of the
+    weights or of the pools (the old layout already freed) ends in the old layout, with every
+    request's tokens those of a straight run."""
+    layouts = parts(engine).layouts
+    waves: list[str] = []
 
-    def failing_move(*args):
-        calls.append(1)  # the weights moved already, the pools not yet
-        raise RuntimeError("injected: device lost")
+    def fail_second_wave(label: str, temp: object) -> None:
+        waves.append(label)
+        if waves.count(phase) == 2 and label == phase:
+            raise RuntimeError(f"injected: allocation failed in a {phase} wave")
 
-    monkeypatch.setattr(flip_module, "_move_pools", failing_move)
     binding, generation = parts(engine).runner.binding, engine.stats().generation
-    with pytest.raises(flip_module.FlipError, match="injected: device lost"):
-        engine.flip("tp:2")
-    assert parts(engine).runner.binding is binding and engine.stats().generation == generation
-    assert engine.stats().layout == "pp:5,3"
-    assert calls == [1]
-    monkeypatch.setattr(flip_module, "_move_pools", real_move)
+    failed = layouts.counters["failed"]
+    layouts.on_wave = fail_second_wave
+    ids = [engine.add_request(p, max_new_tokens=NEW_TOKENS) for p in PROMPTS]
+    done: dict[str, list[int]] = {}
+    for _ in range(3):
+        done.update({o.request_id: o.token_ids for o in engine.step()})
+    try:
+        with pytest.raises(flip_module.FlipError, match=f"injected: .* {phase} wave"):
+            engine.flip("tp:2")
+    finally:
+        layouts.on_wave = None
+    assert waves.count(phase) == 2 and layouts.counters["failed"] == failed + 1
+    assert engine.stats().layout == "pp:5,3" and engine.stats().generation == generation
+    # Before anything is freed the old binding simply stays; after, it is landed again.
+    assert (parts(engine).runner.binding is binding) == (phase == "pull")
+    while engine.has_unfinished():
+        done.update({o.request_id: o.token_ids for o in engine.step()})
+    engine.check()
+    assert [done[i] for i in ids] == straight
     assert run(engine, {2: "tp:2", 4: "pp:5,3"}) == straight
