@@ -31,7 +31,6 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from flipjax.runtime.cache import CacheState
 from flipjax.runtime.host_image import HostImage
 from flipjax.runtime.pool_programs import (
     gather_program,
@@ -105,22 +104,23 @@ def pull(
             rows = gather(leaf, take)
             if on_wave is not None:
                 on_wave("pull", _temp(gather, sharding))
-            parts.append(np.asarray(rows)[: len(part)])
+            # A copy: on the CPU `np.asarray` is a view that keeps the device buffer alive.
+            parts.append(np.array(np.asarray(rows)[: len(part)], copy=True))
             del rows
         empty = np.zeros((0, *shape[1:]), leaf.dtype)
         out.append(np.concatenate(parts) if parts else empty)
     return out
 
 
-def weight_waves(image: HostImage, shardings: Any, window: Mapping[int, int]) -> list[list[int]]:
-    """The image's leaves in waves: each wave takes at most the window on every device (a
-    leaf whose share alone is larger is a wave of its own)."""
+def weight_waves(
+    image: HostImage, shardings: Sequence[Any], indices: Sequence[int], window: Mapping[int, int]
+) -> list[list[int]]:
+    """The image's leaves `indices` in waves: each wave takes at most the window on every
+    device (a leaf whose share alone is larger is a wave of its own)."""
     waves: list[list[int]] = [[]]
     load: Counter[Any] = Counter()
-    for i, (leaf, sharding) in enumerate(
-        zip(image.leaves, jax.tree.leaves(shardings), strict=True)
-    ):
-        need = bytes_per_device([leaf], [sharding])
+    for i in indices:
+        need = bytes_per_device([image.leaves[i]], [shardings[i]])
         if waves[-1] and any(load[d] + n > window[d.id] for d, n in need.items()):
             waves.append([])
             load = Counter()
@@ -131,30 +131,31 @@ def weight_waves(image: HostImage, shardings: Any, window: Mapping[int, int]) ->
 
 def land(
     image: HostImage,
-    param_sh: Any,
-    state_sh: CacheState,
+    weight_sh: Sequence[Any],
+    weights: Sequence[int],
     pools: Sequence[PoolLeaf],
+    pool_sh: Sequence[NamedSharding],
     rows: Sequence[np.ndarray],
     window: Mapping[int, int],
     on_wave: OnWave | None,
     landed: list[jax.Array],
-) -> tuple[Any, list[jax.Array], list[float]]:
-    """The weights written from `image` and the pools rebuilt with their live `rows`, on the
-    given shardings; every array made is appended to `landed` as it is made (so a failure can
-    delete them). Returns the parameters, the pool leaves, and the ms the weights and then
-    each pool leaf took."""
+) -> tuple[dict[int, jax.Array], list[jax.Array], list[float]]:
+    """The image's leaves `weights` written on `weight_sh` (a sharding per image leaf), and
+    each of `pools` rebuilt on its sharding with its live `rows`; every array made is appended
+    to `landed` as it is made (so a failure can delete them). Returns the weights by index,
+    the pools, and the ms the weights and then each pool took."""
     t0 = time.perf_counter()
-    weights: list[jax.Array] = []
-    for wave in weight_waves(image, param_sh, window):
-        placed = jax.block_until_ready(image.place(param_sh, wave))
-        landed.extend(placed)
-        weights.extend(placed)
+    placed: dict[int, jax.Array] = {}
+    for wave in weight_waves(image, weight_sh, weights, window):
+        arrays = jax.block_until_ready(image.place(weight_sh, wave))
+        landed.extend(arrays)
+        placed.update(zip(wave, arrays, strict=True))
         if on_wave is not None:
             on_wave("weights", Counter())
     t1 = time.perf_counter()
     out = []
-    pool_ms = []
-    for pool, values, sharding in zip(pools, rows, jax.tree.leaves(state_sh), strict=True):
+    pool_ms = [(t1 - t0) * 1e3]
+    for pool, values, sharding in zip(pools, rows, pool_sh, strict=True):
         start = time.perf_counter()
         array = placed_zeros(pool.shape, pool.dtype, sharding)
         landed.append(array)
@@ -172,7 +173,7 @@ def land(
                 on_wave("pools", _temp(put, sharding))
         out.append(jax.block_until_ready(array))
         pool_ms.append((time.perf_counter() - start) * 1e3)
-    return image.tree(weights), out, [(t1 - t0) * 1e3, *pool_ms]
+    return placed, out, pool_ms
 
 
 def compile_all(

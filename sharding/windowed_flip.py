@@ -129,40 +129,82 @@ def windowed_copy(
     failure in the pull raises with `old` untouched; a later one raises `Restored`, carrying
     the old layout landed again."""
     state = old.state
-    leaves = jax.tree.leaves(state)
-    pools = _live(state, pages, slots)
+    weights, pool_leaves = jax.tree.leaves(old.params), jax.tree.leaves(state)
+    weight_sh, pool_sh = jax.tree.leaves(param_sh), jax.tree.leaves(state_sh)
+    # A leaf already laid out as the target wants it stays: it is in both footprints.
+    moving_w = _moving(weights, weight_sh)
+    moving_p = _moving(pool_leaves, pool_sh)
+    live = _live(state, pages, slots)
     num_kv = len(jax.tree.leaves(state.kv))
-    t0 = time.perf_counter()
-    rows = pull(leaves[:num_kv], [p.ids for p in pools[:num_kv]], window, on_wave)
-    t1 = time.perf_counter()
-    rows += pull(leaves[num_kv:], [p.ids for p in pools[num_kv:]], window, on_wave)
-    pull_ms = [(t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3]  # KV, GDN
-    old_param_sh = jax.tree.map(lambda x: x.sharding, old.params)
-    old_state_sh = jax.tree.map(lambda x: x.sharding, state)
-    treedef = jax.tree.structure(state)
+    kinds = [[i for i in moving_p if i < num_kv], [i for i in moving_p if i >= num_kv]]
+    rows: dict[int, np.ndarray] = {}
+    pull_ms = []
+    for kind in kinds:
+        t0 = time.perf_counter()
+        pulled = pull([pool_leaves[i] for i in kind], [live[i].ids for i in kind], window, on_wave)
+        rows.update(zip(kind, pulled, strict=True))
+        pull_ms.append((time.perf_counter() - t0) * 1e3)
+    old_weight_sh = [x.sharding for x in weights]
+    old_pool_sh = [x.sharding for x in pool_leaves]
     jax.block_until_ready((old.params, state))  # nothing still computing on what is freed
-    delete_all(jax.tree.leaves(old.params) + leaves)
+    delete_all([weights[i] for i in moving_w] + [pool_leaves[i] for i in moving_p])
+    moving_pools = [live[i] for i in moving_p]
+    moving_rows = [rows[i] for i in moving_p]
     landed: list[jax.Array] = []
     try:
-        params, pool_leaves, ms = land(
-            image, param_sh, state_sh, pools, rows, window, on_wave, landed
+        placed, pools, ms = land(
+            image,
+            weight_sh,
+            moving_w,
+            moving_pools,
+            [pool_sh[i] for i in moving_p],
+            moving_rows,
+            window,
+            on_wave,
+            landed,
         )
-        new_state = jax.tree.unflatten(treedef, pool_leaves)
+        params = image.tree([placed.get(i, x) for i, x in enumerate(weights)])
+        new_state = _state(state, pool_leaves, dict(zip(moving_p, pools, strict=True)))
         check_ms = check(params, new_state)
     except BaseException as err:
         delete_all(landed)
-        params, pool_leaves, _ = land(
-            image, old_param_sh, old_state_sh, pools, rows, window, None, []
+        placed, pools, _ = land(
+            image,
+            old_weight_sh,
+            moving_w,
+            moving_pools,
+            [old_pool_sh[i] for i in moving_p],
+            moving_rows,
+            window,
+            None,
+            [],
         )
-        back = old.rebind(old.placement, params, jax.tree.unflatten(treedef, pool_leaves))
-        raise Restored(back, err) from err
+        params = image.tree([placed.get(i, x) for i, x in enumerate(weights)])
+        back = _state(state, pool_leaves, dict(zip(moving_p, pools, strict=True)))
+        raise Restored(old.rebind(old.placement, params, back), err) from err
+    pool_ms = dict(zip(moving_p, ms[1:], strict=True))
     moved = dict(
-        weights_bytes=image.nbytes,
+        weights_bytes=sum(image.leaves[i].nbytes for i in moving_w),
         weights_ms=ms[0],
-        kv_bytes=sum(r.nbytes for r in rows[:num_kv]),  # the live rows, out and back
-        gdn_bytes=sum(r.nbytes for r in rows[num_kv:]),
-        kv_ms=pull_ms[0] + sum(ms[1 : 1 + num_kv]),
-        gdn_ms=pull_ms[1] + sum(ms[1 + num_kv :]),
+        kv_bytes=sum(rows[i].nbytes for i in kinds[0]),  # the live rows, out and back
+        gdn_bytes=sum(rows[i].nbytes for i in kinds[1]),
+        kv_ms=pull_ms[0] + sum(pool_ms[i] for i in kinds[0]),
+        gdn_ms=pull_ms[1] + sum(pool_ms[i] for i in kinds[1]),
         check_ms=check_ms,
     )
     return old.rebind(placement, params, new_state), moved
+
+
+def _moving(leaves: Sequence[jax.Array], targets: Sequence[Any]) -> list[int]:
+    """Indices of the leaves not already laid out as their targets say."""
+    return [
+        i
+        for i, (x, want) in enumerate(zip(leaves, targets, strict=True))
+        if not x.sharding.is_equivalent_to(want, x.ndim)
+    ]
+
+
+def _state(state: CacheState, leaves: Sequence[jax.Array], new: dict[int, jax.Array]) -> Any:
+    """`state`'s structure over `leaves`, with those at the indices of `new` replaced."""
+    merged = [new.get(i, x) for i, x in enumerate(leaves)]
+    return jax.tree.unflatten(jax.tree.structure(state), merged)

@@ -14,19 +14,25 @@ import gc
 from collections import Counter
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flipjax import Engine, SamplingParams
 from flipjax.runtime import binding as binding_module
 from flipjax.runtime.host_image import HostImage
 from sharding.budgets import format_bytes
+from sharding.flip_waves import pull
 from sharding.layout import placement_for
 from sharding.memory import live_bytes
 from tests.support.internals import parts
 
 OPTIONS = dict(num_pages=96, max_running_requests=2, max_prefill_tokens=16)
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-PROMPTS = [[(i * 11 + j) % 250 for i in range(30 + 7 * j)] for j in range(2)]
+PROMPTS = [[(i * 11 + j) % 250 for i in range(60 + 7 * j)] for j in range(2)]
+# Small enough that a pool's live pages leave in several chunks (a GDN state row, 64 KiB, is
+# the largest row and fits): a chunk the pull kept would show.
+WINDOW = "72KiB"
 PP, TP = "pp:4,2,2", "tp:2"
 
 
@@ -58,7 +64,7 @@ def test_a_flip_each_way_stays_within_its_window_and_changes_no_token(budgets):
     before = {id(a) for a in jax.live_arrays()}
     device_memory = ",".join(map(str, budgets))
     engine = Engine.from_pretrained(
-        "tiny", layout=PP, arm=(TP,), device_memory=device_memory, **OPTIONS
+        "tiny", layout=PP, arm=(TP,), device_memory=device_memory, flip_window=WINDOW, **OPTIONS
     )
     layouts = parts(engine).layouts
     peaks: list[tuple[str, dict[int, int]]] = []
@@ -136,3 +142,19 @@ def test_a_model_larger_than_device_0_starts_with_nothing_staged_there(checkpoin
     out = engine.generate(PROMPTS, sampling=GREEDY)
     straight = Engine.from_pretrained(checkpoint, **OPTIONS).generate(PROMPTS, sampling=GREEDY)
     assert [o.token_ids for o in out] == [o.token_ids for o in straight]
+
+
+def test_the_pull_holds_at_most_one_chunk_of_rows_on_the_device():
+    """Rows leave a pool a chunk at a time, and no chunk outlives its wave on the device."""
+    device = jax.devices()[0]
+    sharding = NamedSharding(Mesh(np.array([device]), ("tp",)), PartitionSpec())
+    pool = jax.device_put(
+        np.random.default_rng(0).standard_normal((512, 16, 2, 64), np.float32), sharding
+    )
+    live = np.arange(3, 403, dtype=np.int32)
+    window = {device.id: 256 << 10}  # 16 rows of 8 KiB a chunk: 25 chunks
+    before = {id(a) for a in jax.live_arrays()}
+    held: list[int] = []
+    [rows] = pull([pool], [live], window, lambda label, temp: held.append(live_bytes(before)[0]))
+    assert len(held) == 25 and max(held) <= window[device.id]
+    np.testing.assert_array_equal(rows, np.asarray(pool)[live])
