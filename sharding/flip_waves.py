@@ -97,18 +97,19 @@ def pull(
     for leaf, ids in zip(leaves, live, strict=True):
         shape, sharding = tuple(leaf.shape), leaf.sharding
         cap = chunk_rows(shape, leaf.dtype, sharding, window)
-        parts = []
+        host = np.empty((len(ids), *shape[1:]), leaf.dtype)
+        done = 0
         for part, size in _chunks(ids, shape[0], cap):
             gather = gather_program(shape, leaf.dtype, sharding, size)
             take = jax.device_put(padded_ids(part, size, 0), replicated(sharding))
             rows = gather(leaf, take)
             if on_wave is not None:
                 on_wave("pull", _temp(gather, sharding))
-            # A copy: on the CPU `np.asarray` is a view that keeps the device buffer alive.
-            parts.append(np.array(np.asarray(rows)[: len(part)], copy=True))
+            # Copied out: on the CPU `np.asarray` is a view that keeps the device buffer alive.
+            host[done : done + len(part)] = np.asarray(rows)[: len(part)]
+            done += len(part)
             del rows
-        empty = np.zeros((0, *shape[1:]), leaf.dtype)
-        out.append(np.concatenate(parts) if parts else empty)
+        out.append(host)
     return out
 
 
@@ -163,8 +164,11 @@ def land(
         done = 0
         for part, size in _chunks(pool.ids, pool.shape[0], cap):
             put = put_program(pool.shape, pool.dtype, sharding, size)
-            chunk = np.zeros((size, *pool.shape[1:]), pool.dtype)
-            chunk[: len(part)] = values[done : done + len(part)]
+            chunk = values[done : done + len(part)]
+            if len(part) < size:  # padded to the program's rows; the padding's ids are dropped
+                chunk = np.concatenate(
+                    [chunk, np.zeros((size - len(part), *chunk.shape[1:]), chunk.dtype)]
+                )
             done += len(part)
             ids = jax.device_put(padded_ids(part, size, pool.shape[0]), replicated(sharding))
             array = jax.block_until_ready(put(array, ids, jax.device_put(chunk, sharding)))

@@ -11,6 +11,7 @@ compiles them no second time.
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 
 import jax
@@ -71,6 +72,15 @@ def workspace(binding: Binding, placement: Placement | None = None) -> Counter[i
 
 
 def temp_bytes(compiled: object) -> int:
-    """A compiled program's temporary memory per device (0 where the backend does not say)."""
-    analysis = compiled.memory_analysis()  # type: ignore[attr-defined]
-    return int(getattr(analysis, "temp_size_in_bytes", 0) or 0) if analysis else 0
+    """A compiled program's temporary memory per device (0 where the backend does not say).
+    Kept per program: the analysis costs milliseconds, and a flip's room check reads dozens."""
+    known = _TEMP.get(compiled)
+    if known is None:
+        analysis = compiled.memory_analysis()  # type: ignore[attr-defined]
+        known = int(getattr(analysis, "temp_size_in_bytes", 0) or 0) if analysis else 0
+        _TEMP[compiled] = known
+    return known
+
+
+# Weak keys: a program released from the process's cache takes its entry with it.
+_TEMP: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
