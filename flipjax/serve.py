@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         engine.warmup()
         compiles = engine.stats().compiles
         log.info("warm-up: %d programs in %.1f s", compiles, time.perf_counter() - t0)
-    for layout in config.layout.arm:
+    for layout in engine.info.config.layout.arm:  # --layout auto may have chosen them
         engine.arm(layout)
         log.info("armed layout %s", layout)
     log.info("%s", engine.memory().table())
@@ -131,7 +131,7 @@ def _follow(engine: Any, log: logging.Logger) -> None:
 
 def _autopilot(config: FlipjaxConfig, engine: Any, log: logging.Logger) -> Any:
     """The automatic phase policy, calibrated in both layouts; None when manual."""
-    lc = config.layout
+    lc = engine.info.config.layout  # as settled: --layout auto chooses the decode layout
     if lc.phase_policy == "manual":
         return None
     from flipjax.engine.pilot import Autopilot

@@ -142,7 +142,9 @@ class LayoutConfig:
     """Where the state lives, which layouts are compiled ahead, and who flips."""
 
     layout: str | None = option(
-        None, "where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...]"
+        None,
+        "where the state lives: single (default), tp, tp:N, pp:L1,L2,...[@W1,...], or auto "
+        "(stages split in proportion to --device-memory, and the widest TP that fits armed)",
     )
     arm: tuple[str, ...] = option(
         (),
@@ -201,7 +203,7 @@ class LayoutConfig:
             raise ValueError(
                 f"mem_fraction_static: must be in (0, 1], got {self.mem_fraction_static}"
             )
-        if self.phase_policy == "auto" and len(self.arm) != 1:
+        if self.phase_policy == "auto" and len(self.arm) != 1 and self.layout != "auto":
             raise ValueError(
                 f"phase_policy: auto needs exactly one arm layout (--arm: the decode layout), "
                 f"got {len(self.arm)}"

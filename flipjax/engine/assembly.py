@@ -9,12 +9,14 @@ module the tests document), so what the engine exposes stays its narrow API.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from flipjax.config.engine import LayoutConfig
 from flipjax.config.tree import FlipjaxConfig
 from flipjax.engine.caches import Caches
 from flipjax.engine.overlap import Overlap
@@ -34,6 +36,7 @@ from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.cache import init_cache_state
 from flipjax.runtime.model_runner import ModelRunner, RunnerShape
 from flipjax.runtime.placement import Placement, single_device
+from sharding.auto_layout import AUTO, choose
 from sharding.budgets import BudgetError, device_budgets, parse_size
 from sharding.flip import Layouts
 from sharding.layout import placement_for
@@ -41,6 +44,8 @@ from sharding.ledger import overdraft
 from sharding.pool_sizing import DEFAULT_NUM_PAGES, pool_pages
 from store.checkpoints import CheckpointBook
 from store.prefix import PrefixStore
+
+log = logging.getLogger("flipjax.engine")
 
 
 @dataclass
@@ -153,17 +158,46 @@ def _sized(
     placement and the device budgets. BudgetError, before anything is placed, when the
     weights and pools do not fit a budget."""
     ec, lc = config.engine, config.layout
-    placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
     budgets = device_budgets(
         jax.devices(), lc.device_memory, lc.mem_fraction_static, jax.process_count()
     )
-    placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
     shape = _runner_shape(config, cfg, dtype)
     # Across processes a flip holds both layouts at once (`sharding.flip`).
     both = multihost.current().multi
+    if lc.layout == AUTO:
+        lc = _auto(lc, cfg, graphdef, params, shape, budgets, ec.num_pages, both)
+        config = dataclasses.replace(config, layout=lc)
+    placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
+    placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
     pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages, both)
     config = dataclasses.replace(config, engine=dataclasses.replace(ec, num_pages=pages))
     pools = jax.eval_shape(lambda: init_cache_state(cfg, pages, ec.page_size, ec.slots, dtype))
     if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:
         raise BudgetError(f"the engine does not fit its memory budget: {why}")
     return config, placement, budgets
+
+
+def _auto(
+    lc: LayoutConfig,
+    cfg: ModelConfig,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    shape: RunnerShape,
+    budgets: dict[int, int] | None,
+    cap: int | None,
+    both: bool,
+) -> LayoutConfig:
+    """`--layout auto` settled (`sharding.auto_layout`): the live layout and the armed ones,
+    with the ladder logged."""
+
+    def fits(placement: Placement) -> str | None:
+        try:
+            pool_pages(graphdef, params, shape, [placement], budgets, cap, both)
+        except BudgetError as err:
+            return str(err)
+        return None
+
+    live, arm, ladder = choose(cfg, jax.devices(), budgets, lc.arm, fits)
+    for rung in ladder:
+        log.info("layout auto: %s", rung)
+    return dataclasses.replace(lc, layout=live, arm=arm)

@@ -18,6 +18,7 @@ from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_model
 from flipjax.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from flipjax.model.weights import load_params
+from sharding.auto_layout import AUTO
 from sharding.layout import placement_for
 from store.keys import files_fingerprint
 
@@ -41,7 +42,7 @@ def load(path: str, dtype: jnp.dtype, layout: str | None = None) -> Loaded:
     # Weights are read into host memory and placed from there shard by shard, so no device
     # ever holds more than its share; across processes each reads only its own shards.
     if is_orbax(path):
-        placement = placement_for(layout, cfg) if layout is not None else None
+        placement = placement_for(layout, cfg) if layout not in (None, AUTO) else None
         shardings = None
         if placement is not None and jax.process_count() > 1:
             shardings = placement.param_shardings(abstract)
