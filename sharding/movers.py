@@ -1,4 +1,5 @@
-"""Moving the live part of the pooled state to another placement, and nothing else.
+"""Moving the live part of the pooled state to another placement, device to device: a
+cluster's flip (in one process a flip passes through the host, `sharding.windowed_flip`).
 
 A flip moves the parameters whole, but of each KV page pool and GDN slot pool only the rows
 someone holds (a request, the device prefix cache): they are gathered on the source devices,

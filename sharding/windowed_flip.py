@@ -150,37 +150,24 @@ def windowed_copy(
     delete_all([weights[i] for i in moving_w] + [pool_leaves[i] for i in moving_p])
     moving_pools = [live[i] for i in moving_p]
     moving_rows = [rows[i] for i in moving_p]
+
+    def land_on(
+        w_sh: list[Any], p_sh: list[Any], waves: OnWave | None, landed: list[jax.Array]
+    ) -> tuple[Any, Any, list[float]]:
+        """The moving leaves landed on these shardings (the others stay as they are)."""
+        targets = [p_sh[i] for i in moving_p]
+        args = (moving_pools, targets, moving_rows, window, waves, landed)
+        placed, pools, ms = land(image, w_sh, moving_w, *args)
+        params = image.tree([placed.get(i, x) for i, x in enumerate(weights)])
+        return params, _state(state, pool_leaves, dict(zip(moving_p, pools, strict=True))), ms
+
     landed: list[jax.Array] = []
     try:
-        placed, pools, ms = land(
-            image,
-            weight_sh,
-            moving_w,
-            moving_pools,
-            [pool_sh[i] for i in moving_p],
-            moving_rows,
-            window,
-            on_wave,
-            landed,
-        )
-        params = image.tree([placed.get(i, x) for i, x in enumerate(weights)])
-        new_state = _state(state, pool_leaves, dict(zip(moving_p, pools, strict=True)))
+        params, new_state, ms = land_on(weight_sh, pool_sh, on_wave, landed)
         check_ms = check(params, new_state)
     except BaseException as err:
         delete_all(landed)
-        placed, pools, _ = land(
-            image,
-            old_weight_sh,
-            moving_w,
-            moving_pools,
-            [old_pool_sh[i] for i in moving_p],
-            moving_rows,
-            window,
-            None,
-            [],
-        )
-        params = image.tree([placed.get(i, x) for i, x in enumerate(weights)])
-        back = _state(state, pool_leaves, dict(zip(moving_p, pools, strict=True)))
+        params, back, _ = land_on(old_weight_sh, old_pool_sh, None, [])
         raise Restored(old.rebind(old.placement, params, back), err) from err
     pool_ms = dict(zip(moving_p, ms[1:], strict=True))
     moved = dict(

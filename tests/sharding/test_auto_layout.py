@@ -29,17 +29,15 @@ def test_layers_split_in_proportion_to_the_budgets():
 def test_auto_takes_the_proportional_pipeline_arms_tp_and_logs_the_ladder(caplog):
     caplog.set_level(logging.INFO, logger="flipjax.engine")
     engine = Engine.from_pretrained(
-        "tiny", layout="auto", device_memory="64MiB,20MiB,20MiB", **OPTIONS
+        "tiny", layout="auto", device_memory="64MiB,26MiB,26MiB", **OPTIONS
     )
     lc = engine.info.config.layout
-    assert (engine.stats().layout, lc.layout, lc.arm) == ("pp:5,2,1", "pp:5,2,1", ("tp:2",))
+    assert (engine.stats().layout, lc.layout, lc.arm) == ("pp:4,2,2", "pp:4,2,2", ("tp:2",))
     ladder = [r.getMessage() for r in caplog.records if r.getMessage().startswith("layout auto")]
-    assert ladder[0] == "layout auto: live pp:5,2,1: taken (stages in proportion to budgets)"
+    assert ladder[0] == "layout auto: live pp:4,2,2: taken (stages in proportion to budgets)"
     assert ladder[1].startswith("layout auto: arm tp:3: refused (layout: tp width 3 does not")
     assert ladder[2] == "layout auto: arm tp:2: taken (the widest TP that fits)"
     want = Engine.from_pretrained("tiny", **OPTIONS).generate([PROMPT], sampling=GREEDY)
-    assert engine.generate([PROMPT], sampling=GREEDY)[0].token_ids == want[0].token_ids
-    engine.flip("tp:2")
     assert engine.generate([PROMPT], sampling=GREEDY)[0].token_ids == want[0].token_ids
 
 

@@ -177,4 +177,3 @@ def test_a_failure_in_any_wave_of_a_flip_loses_nothing(engine, straight, phase):
         done.update({o.request_id: o.token_ids for o in engine.step()})
     engine.check()
     assert [done[i] for i in ids] == straight
-    assert run(engine, {2: "tp:2", 4: "pp:5,3"}) == straight
