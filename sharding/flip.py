@@ -44,7 +44,7 @@ from sharding.flip_copy import (
 )
 from sharding.flip_waves import OnWave
 from sharding.layout import Layout, parse_layout, placement_for
-from sharding.memory import bytes_per_device, held_bytes, shortfall
+from sharding.memory import bytes_by_id, bytes_per_device, held_bytes, shortfall
 
 __all__ = ["FlipError", "FlipRecord", "Layouts", "arm"]
 
@@ -106,9 +106,7 @@ class Layouts:
         """(now, in `placement`): what each device (by id) holds of weights and pools."""
         old = self.runner.binding
         trees = (old.params, old.state)
-        return held_bytes(trees), windowed_flip.footprints(
-            trees, shardings_of(self.runner, placement)
-        )
+        return held_bytes(trees), bytes_by_id(trees, shardings_of(self.runner, placement))
 
     def window(self, placement: Placement) -> dict[int, int]:
         now, then = self._footprints(placement)

@@ -31,10 +31,14 @@ def bytes_per_device(trees: Any, shardings: Any) -> Counter[Any]:
     return need
 
 
+def bytes_by_id(trees: Any, shardings: Any) -> Counter[int]:
+    """`bytes_per_device`, keyed by device id."""
+    return Counter({d.id: n for d, n in bytes_per_device(trees, shardings).items()})
+
+
 def held_bytes(tree: Any) -> Counter[int]:
     """Bytes each device (by id) holds of the placed arrays in `tree`."""
-    shardings = jax.tree.map(lambda leaf: leaf.sharding, tree)
-    return Counter({d.id: n for d, n in bytes_per_device(tree, shardings).items()})
+    return bytes_by_id(tree, jax.tree.map(lambda leaf: leaf.sharding, tree))
 
 
 def shortfall(

@@ -27,7 +27,7 @@ from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import probe_workspace
 from sharding.budgets import BudgetError, format_bytes, reserve
-from sharding.memory import bytes_per_device
+from sharding.memory import bytes_by_id
 
 DEFAULT_NUM_PAGES = 1024
 
@@ -107,12 +107,9 @@ def footprint(
     """What `placement` holds per device of `params` and of `state` (arrays or shapes, with
     `num_pages` pages), with the workspace `work`."""
     shardings = placement.state_shardings(cfg)
-    by_id = lambda need: Counter({d.id: n for d, n in need.items()})  # noqa: E731
-    fixed = by_id(bytes_per_device(params, placement.param_shardings(params)))
-    fixed += by_id(bytes_per_device(state.gdn, shardings.gdn))
-    page = Counter(
-        {d: n // num_pages for d, n in by_id(bytes_per_device(state.kv, shardings.kv)).items()}
-    )
+    fixed = bytes_by_id(params, placement.param_shardings(params))
+    fixed += bytes_by_id(state.gdn, shardings.gdn)
+    page = Counter({d: n // num_pages for d, n in bytes_by_id(state.kv, shardings.kv).items()})
     return Footprint(fixed, page, work)
 
 

@@ -22,7 +22,6 @@ from flipjax.runtime.cache import CacheState
 from flipjax.runtime.host_image import HostImage
 from sharding.budgets import format_bytes, reserve
 from sharding.flip_waves import OnWave, PoolLeaf, delete_all, land, pull
-from sharding.memory import bytes_per_device
 
 WINDOW_FRACTION = 0.05
 MIN_WINDOW = 2**20
@@ -36,11 +35,6 @@ class Restored(Exception):
         super().__init__(str(cause))
         self.binding = binding
         self.cause = cause
-
-
-def footprints(trees: Any, shardings: Any) -> Counter[int]:
-    """Bytes each device (by id) holds of `trees` laid out by `shardings`."""
-    return Counter({d.id: n for d, n in bytes_per_device(trees, shardings).items()})
 
 
 def windows(

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 if "XLA_FLAGS" not in os.environ:  # on the CPU, give the layouts eight devices to use
@@ -79,24 +81,32 @@ def _rig(cfg: ModelConfig, num_pages: int, layout: str) -> Layouts:
     return Layouts(runner, Allocator(ec.num_pages, ec.slots, ec.page_size), state_io=True)
 
 
-def _flips_at(
-    layouts: Layouts, occupancy: float, a: str, b: str, repeats: int
-) -> dict[str, list[FlipRecord]]:
-    """Flip a -> b -> a `repeats` times with `occupancy` of the pages and slots held."""
+@contextmanager
+def held(layouts: Layouts, occupancy: float) -> Iterator[None]:
+    """`occupancy` of the pool's pages and slots held, as requests would hold them."""
     allocator = layouts.allocator
-    ps = allocator.page_size
     holders = [_Holder(f"bench-{i}") for i in range(max(1, int(occupancy * allocator.slots.total)))]
     pages = max(1, int(occupancy * allocator.pages.total))
     for i, h in enumerate(holders):
         allocator.take_slot(h)
         share = pages // len(holders) + (i < pages % len(holders))
-        allocator.grow(h, share * ps)
+        allocator.grow(h, share * allocator.page_size)
+    try:
+        yield
+    finally:
+        for h in holders:
+            allocator.free(h)
+
+
+def _flips_at(
+    layouts: Layouts, occupancy: float, a: str, b: str, repeats: int
+) -> dict[str, list[FlipRecord]]:
+    """Flip a -> b -> a `repeats` times with `occupancy` of the pages and slots held."""
     records: dict[str, list[FlipRecord]] = {a: [], b: []}
-    for _ in range(repeats):
-        for target in (b, a):
-            records[target].append(layouts.flip(target))
-    for h in holders:
-        allocator.free(h)
+    with held(layouts, occupancy):
+        for _ in range(repeats):
+            for target in (b, a):
+                records[target].append(layouts.flip(target))
     return records
 
 

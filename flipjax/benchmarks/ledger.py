@@ -19,8 +19,6 @@ import gc
 import os
 import statistics
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 if "XLA_FLAGS" not in os.environ:  # on the CPU, give the layouts eight devices to use
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -30,14 +28,13 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG  # noqa: E402
-from flipjax.benchmarks.flip import _Holder, _rig  # noqa: E402
+from flipjax.benchmarks.flip import _rig, held  # noqa: E402
 from flipjax.config.tree import FlipjaxConfig  # noqa: E402
 from flipjax.engine.engine import Engine  # noqa: E402
 from flipjax.model.config import ModelConfig  # noqa: E402
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
 from flipjax.model.tokenizer import ByteTokenizer  # noqa: E402
 from sharding.budgets import BudgetError, format_bytes, parse_sizes  # noqa: E402
-from sharding.flip import Layouts  # noqa: E402
 from sharding.layout import LayoutError  # noqa: E402
 from sharding.ledger import DeviceMemory  # noqa: E402
 from sharding.memory import live_bytes  # noqa: E402
@@ -115,7 +112,7 @@ def _flip_peaks(
 
         for occupancy in (0.01, 0.25, 1.0):
             times: dict[str, list[float]] = {"windowed": [], "today": []}
-            with _held(layouts, occupancy):
+            with held(layouts, occupancy):
                 for mode in ("today", "windowed") * (repeats + 1):  # the first round warms
                     layouts.device_copy = mode == "today"
                     layouts.budgets = None if mode == "today" else by_id  # today's cannot fit
@@ -157,21 +154,3 @@ def _print_peak(
             f"{format_bytes(bound)} ({'within' if peak[device] <= bound else 'OVER'}) | today's "
             f"peak {format_bytes(today)}, budget {format_bytes(budgets.get(device, 0))}"
         )
-
-
-@contextmanager
-def _held(layouts: Layouts, occupancy: float) -> Iterator[None]:
-    """`occupancy` of the pool's pages and slots held, as requests would hold them."""
-    allocator = layouts.allocator
-    holders = [_Holder(f"bench-{i}") for i in range(max(1, int(occupancy * allocator.slots.total)))]
-    pages = max(1, int(occupancy * allocator.pages.total))
-    for i, h in enumerate(holders):
-        allocator.take_slot(h)
-        allocator.grow(
-            h, (pages // len(holders) + (i < pages % len(holders))) * allocator.page_size
-        )
-    try:
-        yield
-    finally:
-        for h in holders:
-            allocator.free(h)
