@@ -51,7 +51,7 @@ test: $(VENV)/.installed-test redis-server cxx
 	$(PY) -m ruff format --check .
 	$(VENV)/bin/lint-imports
 	timeout -k 30 $(TEST_RUN_LIMIT_S) $(PY) -m pytest -q -n auto --dist loadfile --durations=15 \
-	  --max-worker-restart=0 $(PYTEST_ARGS)
+	  --no-loadscope-reorder --max-worker-restart=0 $(PYTEST_ARGS)
 
 # The suite N times in a fresh clone of HEAD, with pass/fail and wall time for each run.
 N ?= 10

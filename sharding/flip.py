@@ -13,9 +13,12 @@ there) it copies device to device (`sharding.flip_copy`) and the old binding ser
 every array until the swap, so the moved state is briefly held twice.
 
 Either way every leaf is checked to have landed where the placement says before
-`runner.binding` is swapped, and a failure ends with one whole layout bound. Requests in flight
-need nothing: page and slot ids are logical, the scheduler's tables keep their meaning, and the
-next step simply runs on the new binding.
+`runner.binding` is swapped, and a failure ends with one whole layout bound. Page and slot ids
+are logical: the scheduler's tables keep their meaning, and the next step simply runs on the
+new binding.
+
+A windowed flip may also change the pool's size, each layout having the pages its devices
+hold (`sharding.flip_pools`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 
 from flipjax.runtime import multihost
 from flipjax.runtime.allocator import Allocator
+from flipjax.runtime.cache import CacheState
 from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.placement import Placement
@@ -42,6 +46,7 @@ from sharding.flip_copy import (
     placed_copy,
     shardings_of,
 )
+from sharding.flip_pools import FlipPools
 from sharding.flip_waves import OnWave
 from sharding.layout import Layout, parse_layout, placement_for
 from sharding.memory import bytes_by_id, bytes_per_device, held_bytes, shortfall
@@ -66,8 +71,12 @@ class Layouts:
         headroom: int | None = None,
         budgets: dict[int, int] | None = None,
         flip_window: int | None = None,
+        pool_pages: Callable[[Placement], int] | None = None,
     ):
         self.runner = runner
+        # Each layout's pool size (`pool_pages`, from the budgets) and the engine's part in a
+        # flip between sizes. Only a windowed flip resizes: a cluster's copy keeps one size.
+        self.pools = FlipPools(allocator, pool_pages)
         self.flip_window = flip_window  # bytes per device; None: `windowed_flip.windows`
         # Called at every wave of a windowed flip with each device's program temp bytes: the
         # bench and the tests read live bytes there (and a test injects a failure).
@@ -82,7 +91,8 @@ class Layouts:
         self.armed: dict[str, Placement] = {runner.binding.placement.name: runner.binding.placement}
         self.generation = 0
         self.flips: list[FlipRecord] = []
-        self.counters: Counter[str] = Counter()  # flips, refused_memory, failed
+        # flips, refused_memory, refused_pool, failed
+        self.counters: Counter[str] = Counter()
 
     @property
     def current(self) -> str:
@@ -102,11 +112,20 @@ class Layouts:
             return False
         return self.runner.image is not None and not multihost.current().multi
 
+    def pages_for(self, placement: Placement) -> int:
+        """The pool's size in pages once in `placement`."""
+        return self.pools.pages_for(placement, self.runner.binding.placement, self.windowed)
+
+    def _pools(self, placement: Placement) -> CacheState | None:
+        """The pools' shapes in `placement` when their size changes there, else None."""
+        return self.pools.shapes(self.runner.binding.state, self.pages_for(placement))
+
     def _footprints(self, placement: Placement) -> tuple[Any, Any]:
         """(now, in `placement`): what each device (by id) holds of weights and pools."""
         old = self.runner.binding
         trees = (old.params, old.state)
-        return held_bytes(trees), bytes_by_id(trees, shardings_of(self.runner, placement))
+        there = (old.params, self._pools(placement) or old.state)
+        return held_bytes(trees), bytes_by_id(there, shardings_of(self.runner, placement))
 
     def window(self, placement: Placement) -> dict[int, int]:
         now, then = self._footprints(placement)
@@ -116,7 +135,8 @@ class Layouts:
     def prepare(self, layout: str, state_io: bool) -> Placement:
         """`arm` (every process of a cluster runs it alike: `state_io` is explicit)."""
         placement = placement_for(layout, self.runner.cfg)
-        arm(self.runner, placement, state_io, self.window(placement) if self.windowed else None)
+        window = self.window(placement) if self.windowed else None
+        arm(self.runner, placement, state_io, window, self._pools(placement))
         self.armed[placement.name] = placement
         return placement
 
@@ -135,17 +155,24 @@ class Layouts:
         if (why := self._shortfall(placement)) is not None:
             self.counters["refused_memory"] += 1
             raise FlipError(f"flip to {placement.name} refused: {why}")
+        total = self.pages_for(placement)
+        if (why := self.pools.refusal(total)) is not None:
+            self.counters["refused_pool"] += 1
+            raise FlipError(f"flip to {placement.name} refused: {why}")
         dropped = reseed() if reseed is not None else 0
+        self.pools.shrink_to(total)
         pages, slots = self.allocator.held_pages(), self.allocator.held_slots()
         check_ms = (time.perf_counter() - t0) * 1e3
         try:
-            moved = self.move(placement.name, pages, slots)
+            renumbered = self.allocator.pages.renumbering(total)
+            moved = self.move(placement.name, pages, slots, total, renumbered)
         except FlipError:
             self.counters["failed"] += 1
             raise
         except Exception as err:  # noqa: BLE001 - any failure here must leave the old layout bound
             self.counters["failed"] += 1
             raise FlipError(f"flip to {placement.name} failed before the swap: {err}") from err
+        self.pools.landed(old.placement.name, total, renumbered)
         self.generation += 1
         self.counters["flips"] += 1
         record = FlipRecord(
@@ -182,7 +209,9 @@ class Layouts:
         if self.windowed:
             now, then = self._footprints(placement)
             window = windowed_flip.windows(now, then, self.budgets, self.flip_window)
-            work = workspace(old, placement) if self.budgets else Counter()
+            pools = self._pools(placement)
+            skeleton = old if pools is None else old.rebind(placement, old.params, pools)
+            work = workspace(skeleton, placement) if self.budgets else Counter()
             return windowed_flip.shortfall(
                 placement.name, now, then, window, work, self.budgets, self.headroom
             )
@@ -192,14 +221,26 @@ class Layouts:
         return shortfall(need, self.headroom, self.budgets, held)
 
     @mirrored
-    def move(self, layout: str, pages: list[int], slots: list[int]) -> dict[str, Any]:
+    def move(
+        self,
+        layout: str,
+        pages: list[int],
+        slots: list[int],
+        total: int | None = None,
+        renumbered: dict[int, int] | None = None,
+    ) -> dict[str, Any]:
         """Move the parameters and the live `pages` and `slots` to the armed `layout` and swap
-        the binding; what was moved. A failure ends with the old layout bound and whole."""
+        the binding; what was moved. The pool there has `total` pages (default: as now), a
+        live page landing where `renumbered` says. A failure ends with the old layout bound
+        and whole."""
         runner, placement = self.runner, self.armed[layout]
+        pools = None if total is None else self.pools.shapes(runner.binding.state, total)
         param_sh, state_sh = shardings_of(runner, placement)
         old = runner.binding
         with runner.compiles.watch():  # a compile here would be on the critical path
             if not self.windowed:
+                if pools is not None:
+                    raise FlipError(f"flip to {layout}: a cluster's flip keeps the pool's size")
                 new, moved = placed_copy(old, placement, param_sh, state_sh, pages, slots)
             else:
                 window = self.window(placement)
@@ -215,6 +256,8 @@ class Layouts:
                         window,
                         lambda params, state: landed_ms(params, param_sh, state, state_sh),
                         self.on_wave,
+                        pools,
+                        renumbered,
                     )
                 except windowed_flip.Restored as restored:
                     runner.binding = restored.binding

@@ -75,8 +75,10 @@ def arm(
     placement: Placement,
     state_io: bool = False,
     window: dict[int, int] | None = None,
+    pools: CacheState | None = None,
 ) -> None:
-    """Compile everything a flip to `placement` and back would compile.
+    """Compile everything a flip to `placement` and back would compile; `pools` (shapes) is
+    the target's pool when its size differs from the current one's.
 
     A windowed flip (`window` given) needs the target's step programs and the pool programs of
     `sharding.flip_waves`, all compiled from shapes. Otherwise (a cluster's copy):
@@ -88,22 +90,29 @@ def arm(
     `state_io`, the programs that move pages and states (prefix cache and store) are warmed on
     a trial pool on the target too. The binding is not touched.
     """
-    skeleton = runner.binding.rebind(placement, runner.binding.params, runner.binding.state)
+    current = runner.binding
+    target = pools if pools is not None else current.state
+    skeleton = current.rebind(placement, current.params, target)
     shapes = set(runner.shapes)
     for b, t in runner.shapes:  # the pieces a pipeline cuts steps into
         shapes.add(skeleton.split(b, t)[1:])
     with runner.compiles.watch():
         compile_programs(skeleton, sorted(shapes))
-        current = runner.binding
         if window is not None:  # the windowed flip's programs, from shapes: nothing allocated
-            pools = [(tuple(x.shape), x.dtype) for x in jax.tree.leaves(current.state)]
-            sides = (current.placement, placement)
+            sides = [(current.state, current.placement), (target, placement)]
             compile_all(
-                pools, [jax.tree.leaves(p.state_shardings(runner.cfg)) for p in sides], window
+                [
+                    (
+                        [(tuple(x.shape), x.dtype) for x in jax.tree.leaves(state)],
+                        jax.tree.leaves(side.state_shardings(runner.cfg)),
+                    )
+                    for state, side in sides
+                ],
+                window,
             )
             if state_io:
                 cache_io.warm_shapes(
-                    current.state, placement.state_shardings(runner.cfg), runner.table_width
+                    target, placement.state_shardings(runner.cfg), runner.table_width
                 )
         elif placement.key != current.placement.key:
             (there_sh, target_sh), (back_sh, source_sh) = (

@@ -55,6 +55,11 @@ class PoolLeaf:
     ids: np.ndarray
 
 
+def _whole(pool: PoolLeaf) -> bool:
+    """Whether the live rows are every row of the pool, in order."""
+    return len(pool.ids) == pool.shape[0] and bool(np.all(pool.ids == np.arange(pool.shape[0])))
+
+
 def _row_bytes(shape: tuple[int, ...], dtype: Any, sharding: NamedSharding) -> int:
     """Bytes one row of the pool takes on each of its devices."""
     return int(np.prod(sharding.shard_shape((1, *shape[1:])))) * np.dtype(dtype).itemsize
@@ -96,7 +101,7 @@ def pull(
     out = []
     for leaf, ids in zip(leaves, live, strict=True):
         shape, sharding = tuple(leaf.shape), leaf.sharding
-        if len(ids) == shape[0]:  # every row is live: the pool itself, read to the host
+        if _whole(PoolLeaf(shape, leaf.dtype, ids)):  # the pool itself, read to the host
             out.append(np.array(leaf, copy=True))
             if on_wave is not None:
                 on_wave("pull", Counter())
@@ -163,7 +168,7 @@ def land(
     pool_ms = [(t1 - t0) * 1e3]
     for pool, values, sharding in zip(pools, rows, pool_sh, strict=True):
         start = time.perf_counter()
-        if len(pool.ids) == pool.shape[0]:  # every row is live: the host rows are the pool
+        if _whole(pool):  # every row is live, in order: the host rows are the pool
             array = jax.block_until_ready(jax.device_put(values, sharding))
             landed.append(array)
             if on_wave is not None:
@@ -194,13 +199,12 @@ def land(
 
 
 def compile_all(
-    pools: Sequence[tuple[tuple[int, ...], Any]],
-    shardings: Sequence[Sequence[NamedSharding]],
+    sides: Sequence[tuple[Sequence[tuple[tuple[int, ...], Any]], Sequence[NamedSharding]]],
     window: Mapping[int, int],
 ) -> None:
-    """Compile, from shapes, every program a windowed flip between the placements whose pool
-    shardings are `shardings` (each a list leaf for leaf with `pools`) runs, both ways."""
-    for leaf_shardings in shardings:
+    """Compile, from shapes, every program a windowed flip between two layouts runs, both
+    ways: each side is its pools' (shape, dtype) and their shardings, leaf for leaf."""
+    for pools, leaf_shardings in sides:
         for (shape, dtype), sharding in zip(pools, leaf_shardings, strict=True):
             zeros_program(shape, dtype, sharding)
             cap = chunk_rows(shape, dtype, sharding, window)

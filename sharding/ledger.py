@@ -18,6 +18,7 @@ from typing import Any
 
 from flipjax.model.config import ModelConfig
 from flipjax.runtime.binding import Binding
+from flipjax.runtime.cache import with_pages
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import workspace
 from sharding.budgets import format_bytes, reserve
@@ -145,13 +146,21 @@ def report(
     armed: Iterable[Placement],
     num_pages: int,
     page_size: int,
+    sizes: Mapping[str, int] | None = None,
 ) -> MemoryReport:
-    """The ledger and the capacities (the live layout first) between two steps."""
+    """The ledger and the capacities (the live layout first) between two steps; `sizes` is
+    the pool each layout has where it differs from the live one's `num_pages` (its programs,
+    whose workspace counts, were compiled for that pool)."""
     placements = [binding.placement]
     placements += [p for p in armed if p.key != binding.placement.key]
     own = workspace(binding)
-    capacities = tuple(capacity(binding, p, budgets, num_pages, page_size, own) for p in placements)
-    return MemoryReport(binding.placement.name, account(binding, budgets, own), capacities)
+    capacities = []
+    for p in placements:
+        pages = (sizes or {}).get(p.name, num_pages)
+        pools = binding.state if pages == num_pages else with_pages(binding.state, pages)
+        there = binding.rebind(p, binding.params, pools) if pools is not binding.state else binding
+        capacities.append(capacity(there, p, budgets, pages, page_size, own))
+    return MemoryReport(binding.placement.name, account(binding, budgets, own), tuple(capacities))
 
 
 def table(lines: tuple[DeviceMemory, ...], layout: str) -> str:

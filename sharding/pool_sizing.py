@@ -1,13 +1,13 @@
-"""How many KV pages the engine's pool gets: the most that every layout it starts with (the live
-one and those it arms at start) can hold within the device budgets, capped by `--num-pages`;
-1024 where no device has a budget.
+"""How many KV pages a layout's pool gets: the most its devices can hold within the device
+budgets, capped by `--num-pages`; 1024 where no device has a budget.
 
 In one process a flip moves within a window (`sharding.windowed_flip`): a device never holds
 more than the larger of the two layouts plus the window, which the reserve and the workspace
-(idle during a flip) cover, so each layout alone sets the limit. Across processes a flip holds
-the old and the new layout at once (`flips_hold_both`), so there each pair of layouts is a
-limit too. Each layout's workspace is measured by compiling its largest steps from shapes
-(`probe_workspace`) before anything is placed.
+(idle during a flip) cover, so each layout alone sets its own pool (`pool_pages` over one
+placement; a flip resizes the pool, `sharding.flip_pools`). Across processes a flip holds the
+old and the new layout at once (`flips_hold_both`), so there one size serves every layout and
+each pair of layouts is a limit too. Each layout's workspace is measured by compiling its
+largest steps from shapes (`probe_workspace`) before anything is placed.
 """
 
 from __future__ import annotations

@@ -98,11 +98,11 @@ def shortfall(
     return None
 
 
-def _live(state: CacheState, pages: Sequence[int], slots: Sequence[int]) -> list[PoolLeaf]:
-    page_ids = np.asarray(sorted(pages), np.int32)
-    slot_ids = np.asarray(sorted(slots), np.int32)
+def _live(state: Any, page_ids: Sequence[int], slot_ids: Sequence[int]) -> list[PoolLeaf]:
+    """Each pool leaf of `state` (arrays or shapes) with its live rows, leaf for leaf."""
+    pages, slots = np.asarray(page_ids, np.int32), np.asarray(slot_ids, np.int32)
     kv, gdn = jax.tree.leaves(state.kv), jax.tree.leaves(state.gdn)
-    live = [page_ids] * len(kv) + [slot_ids] * len(gdn)
+    live = [pages] * len(kv) + [slots] * len(gdn)
     return [PoolLeaf(tuple(x.shape), x.dtype, ids) for x, ids in zip(kv + gdn, live, strict=True)]
 
 
@@ -117,18 +117,26 @@ def windowed_copy(
     window: Mapping[int, int],
     check: Callable[[Any, CacheState], float],
     on_wave: OnWave | None = None,
+    target: CacheState | None = None,
+    page_dst: Mapping[int, int] | None = None,
 ) -> tuple[Binding, dict[str, Any]]:
     """The state of `old` on `placement`, moved within `window` (`sharding.flip_waves`), and
-    what was moved. `check` raises if a leaf landed elsewhere (it returns the ms it took). A
-    failure in the pull raises with `old` untouched; a later one raises `Restored`, carrying
-    the old layout landed again."""
+    what was moved. `target` (shapes) is the new pool when its size differs, and `page_dst`
+    says where a live page lands there when not at its own id. `check` raises if a leaf
+    landed elsewhere (it returns the ms it took). A failure in the pull raises with `old`
+    untouched; a later one raises `Restored`, carrying the old layout landed again."""
     state = old.state
     weights, pool_leaves = jax.tree.leaves(old.params), jax.tree.leaves(state)
     weight_sh, pool_sh = jax.tree.leaves(param_sh), jax.tree.leaves(state_sh)
-    # A leaf already laid out as the target wants it stays: it is in both footprints.
+    page_ids, slot_ids = sorted(pages), sorted(slots)
+    live = _live(state, page_ids, slot_ids)
+    dst = page_dst or {}
+    there = _live(target or state, [dst.get(p, p) for p in page_ids], slot_ids)
+    # A leaf already laid out (and sized) as the target wants it stays: it is in both
+    # footprints.
     moving_w = _moving(weights, weight_sh)
-    moving_p = _moving(pool_leaves, pool_sh)
-    live = _live(state, pages, slots)
+    resized = [i for i, (a, b) in enumerate(zip(live, there, strict=True)) if a.shape != b.shape]
+    moving_p = sorted(set(_moving(pool_leaves, pool_sh)) | set(resized))
     num_kv = len(jax.tree.leaves(state.kv))
     kinds = [[i for i in moving_p if i < num_kv], [i for i in moving_p if i >= num_kv]]
     rows: dict[int, np.ndarray] = {}
@@ -142,26 +150,30 @@ def windowed_copy(
     old_pool_sh = [x.sharding for x in pool_leaves]
     jax.block_until_ready((old.params, state))  # nothing still computing on what is freed
     delete_all([weights[i] for i in moving_w] + [pool_leaves[i] for i in moving_p])
-    moving_pools = [live[i] for i in moving_p]
     moving_rows = [rows[i] for i in moving_p]
 
     def land_on(
-        w_sh: list[Any], p_sh: list[Any], waves: OnWave | None, landed: list[jax.Array]
+        w_sh: list[Any],
+        p_sh: list[Any],
+        pools: list[PoolLeaf],
+        waves: OnWave | None,
+        landed: list[jax.Array],
     ) -> tuple[Any, Any, list[float]]:
-        """The moving leaves landed on these shardings (the others stay as they are)."""
+        """The moving leaves landed on these shardings as `pools` say (the others stay)."""
         targets = [p_sh[i] for i in moving_p]
-        args = (moving_pools, targets, moving_rows, window, waves, landed)
-        placed, pools, ms = land(image, w_sh, moving_w, *args)
+        moving = [pools[i] for i in moving_p]
+        args = (moving, targets, moving_rows, window, waves, landed)
+        placed, made, ms = land(image, w_sh, moving_w, *args)
         params = image.tree([placed.get(i, x) for i, x in enumerate(weights)])
-        return params, _state(state, pool_leaves, dict(zip(moving_p, pools, strict=True))), ms
+        return params, _state(state, pool_leaves, dict(zip(moving_p, made, strict=True))), ms
 
     landed: list[jax.Array] = []
     try:
-        params, new_state, ms = land_on(weight_sh, pool_sh, on_wave, landed)
+        params, new_state, ms = land_on(weight_sh, pool_sh, there, on_wave, landed)
         check_ms = check(params, new_state)
     except BaseException as err:
         delete_all(landed)
-        params, back, _ = land_on(old_weight_sh, old_pool_sh, None, [])
+        params, back, _ = land_on(old_weight_sh, old_pool_sh, live, None, [])
         raise Restored(old.rebind(old.placement, params, back), err) from err
     pool_ms = dict(zip(moving_p, ms[1:], strict=True))
     moved = dict(

@@ -21,6 +21,7 @@ process of its own.
 import atexit
 import faulthandler
 import gc
+import json
 import os
 import shutil
 import subprocess
@@ -71,6 +72,19 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # file scheduling can deadlock when it replaces a crashed worker).
 _HARD_EXIT_GRACE_S = 30
 _terminal: list[int] = []  # a copy of stderr made before pytest captures it
+
+
+# Each test file runs whole on one worker (`--dist loadfile`). Started in the order of their
+# seconds in `durations.json` (measured; longest first, unlisted files last), a long file never
+# starts last beside an idle worker (`--no-loadscope-reorder` keeps this order).
+_DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    with open(_DURATIONS) as f:
+        seconds = json.load(f)
+    root = os.path.dirname(os.path.dirname(__file__))
+    items.sort(key=lambda item: -seconds.get(os.path.relpath(item.path, root), 0))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -20,6 +21,7 @@ from flipjax.config.engine import LayoutConfig
 from flipjax.config.tree import FlipjaxConfig
 from flipjax.engine.caches import Caches
 from flipjax.engine.overlap import Overlap
+from flipjax.engine.pool_resize import PoolResize
 from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.reference import ContiguousForward
@@ -79,7 +81,8 @@ def assemble(
 ) -> Parts:
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
     graphdef, params = nnx.split(model)
-    config, placement, budgets = _sized(config, cfg, dtype, graphdef, params)
+    cap = config.engine.num_pages  # `--num-pages`: every layout's pool at most this
+    config, placement, budgets, sizes = _sized(config, cfg, dtype, graphdef, params)
     ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)
     allocator = Allocator(ec.num_pages, ec.slots, ec.page_size)
@@ -107,7 +110,10 @@ def assemble(
         headroom=lc.flip_memory_headroom,
         budgets=budgets,
         flip_window=window,
+        pool_pages=_sizer(graphdef, params, shape, budgets, cap),
     )
+    layouts.pools.sizes.update(sizes)
+    layouts.pools.resizer = PoolResize(scheduler, prefix_cache)
     reuse = PrefixReuse(runner, scheduler, ec.page_size, interval, prefix_cache, prefix_store)
     scheduler.on_admit, scheduler.on_add = reuse.seed, reuse.prefetch
     stepper = Stepper(runner, scheduler, reuse, tokenizer, max_len)
@@ -147,16 +153,32 @@ def _runner_shape(config: FlipjaxConfig, cfg: ModelConfig, dtype: jnp.dtype) -> 
     )
 
 
+def _sizer(
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    shape: RunnerShape,
+    budgets: dict[int, int] | None,
+    cap: int | None,
+) -> Callable[[Placement], int] | None:
+    """Each layout's own pool size, for a flip to resize the pool to; None (one size for
+    every layout) without budgets, or across processes, where a flip holds both layouts."""
+    if budgets is None or multihost.current().multi:
+        return None
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    return lambda p: pool_pages(graphdef, shapes, shape, [p], budgets, cap)
+
+
 def _sized(
     config: FlipjaxConfig,
     cfg: ModelConfig,
     dtype: jnp.dtype,
     graphdef: nnx.GraphDef,
     params: nnx.State,
-) -> tuple[FlipjaxConfig, Placement, dict[int, int] | None]:
+) -> tuple[FlipjaxConfig, Placement, dict[int, int] | None, dict[str, int]]:
     """The config with the pool's page count settled (`sharding.pool_sizing`), the live
-    placement and the device budgets. BudgetError, before anything is placed, when the
-    weights and pools do not fit a budget."""
+    placement, the device budgets and each layout's pool (in one process with budgets, each
+    layout gets what its devices hold; otherwise one size serves all). BudgetError, before
+    anything is placed, when the weights and pools do not fit a budget."""
     ec, lc = config.engine, config.layout
     budgets = device_budgets(
         jax.devices(), lc.device_memory, lc.mem_fraction_static, jax.process_count()
@@ -169,12 +191,20 @@ def _sized(
         config = dataclasses.replace(config, layout=lc)
     placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
     placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
-    pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages, both)
+    if budgets is None or both:
+        pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages, both)
+        sizes = {p.name: pages for p in placements}
+    else:
+        sizes = {
+            p.name: pool_pages(graphdef, params, shape, [p], budgets, ec.num_pages)
+            for p in placements
+        }
+        pages = sizes[placement.name]
     config = dataclasses.replace(config, engine=dataclasses.replace(ec, num_pages=pages))
     pools = jax.eval_shape(lambda: init_cache_state(cfg, pages, ec.page_size, ec.slots, dtype))
     if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:
         raise BudgetError(f"the engine does not fit its memory budget: {why}")
-    return config, placement, budgets
+    return config, placement, budgets, sizes
 
 
 def _auto(

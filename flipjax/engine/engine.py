@@ -116,7 +116,9 @@ class Engine(CheckpointAPI, MemoryAPI):
         return p.requests.enqueue(seq, params, max_new_tokens, request_id, n)
 
     def has_unfinished(self) -> bool:
-        return self._parts.scheduler.has_work()
+        """Whether a request is in flight, or finished and not yet returned by `step` (an
+        operation between steps may have settled it)."""
+        return self._parts.scheduler.has_work() or bool(self._drained)
 
     @property
     def last_step(self) -> StepStats | None:

@@ -18,4 +18,5 @@ class MemoryAPI:
         p = self._parts
         pages = p.allocator.pages.total
         armed = p.layouts.armed.values()
-        return report(p.runner.binding, p.budgets, armed, pages, p.config.engine.page_size)
+        sizes = p.layouts.pools.sizes
+        return report(p.runner.binding, p.budgets, armed, pages, p.config.engine.page_size, sizes)

@@ -79,14 +79,16 @@ class Autopilot:
         rng = random.Random(0)
         info = engine.info
         vocab, ec = info.model.vocab_size, info.config.engine
-        pool_tokens = ec.num_pages * ec.page_size
-        prompt_tokens = min(prompt_tokens, info.max_model_len - 16, pool_tokens // 2)
+        longest = min(prompt_tokens, info.max_model_len - 16)
         rows = min(rows, ec.max_running_requests)
         # The pilot is part of the engine: it alone may pause reuse, so calibration neither
         # looks up nor publishes its random prompts.
         with engine._parts.reuse.paused():
             for layout in (self.config.decode_layout, self.config.prefill_layout):
                 engine.flip(layout)
+                # Each layout's pool may differ in size (sized by the device budgets).
+                pool_tokens = engine.stats().pools["pages_total"] * ec.page_size
+                prompt_tokens = min(longest, pool_tokens // 2)
                 for n, count, new in ((prompt_tokens, 1, 1), (4, rows, 8)):
                     for _ in range(count):
                         ids = [rng.randrange(vocab) for _ in range(n)]

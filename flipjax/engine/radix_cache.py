@@ -175,6 +175,11 @@ class RadixCache:
         self.counters["flushes"] += 1
         return held
 
+    def renumber(self, renumbered: dict[int, int]) -> None:
+        """Follow the pool's renumbering when it shrinks (`Allocator.resize_pages`)."""
+        for node in self._nodes():
+            node.page = renumbered.get(node.page, node.page)
+
     def check(self) -> None:
         """Prove the tree and the pools agree: each node's page is held by the cache, each
         state slot is owned by it, and the cache holds nothing else."""

@@ -117,7 +117,7 @@ class Scheduler:
                     )
                 return plan
             # Every running request is stuck mid-prompt on pages: free the newest.
-            self._retract(self.running[-1])
+            self.retract(self.running[-1])
 
     def release_forks(
         self, parent: Sequence, fork: Callable[[Sequence, Sequence], bool]
@@ -280,12 +280,13 @@ class Scheduler:
             if not retract or not self.running:
                 return False
             victim = self.running[-1]
-            self._retract(victim)
+            self.retract(victim)
             if victim is seq:
                 return False
         return True
 
-    def _retract(self, seq: Sequence) -> None:
+    def retract(self, seq: Sequence) -> None:
+        """Free a running request and queue it first; it resumes from the cache."""
         self.allocator.free(seq)
         self.running.remove(seq)
         seq.num_computed = 0

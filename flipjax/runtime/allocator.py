@@ -28,6 +28,9 @@ class Allocator:
         self.pages = PagePool(num_pages, "kv pages")
         self.slots = SlotPool(num_slots, "gdn slots")
         self.page_size = page_size
+        # Every request holding something, by owner name: a pool that shrinks renumbers their
+        # pages, and `check` proves each holds what its table says.
+        self._holders: dict[str, Holder] = {}
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -41,6 +44,7 @@ class Allocator:
             holder.pages.extend(self.pages.allocate(need, holder.request_id))
         except PoolExhausted:
             return False
+        self._holders[holder.request_id] = holder
         return True
 
     def take_slot(self, holder: Holder) -> None:
@@ -48,6 +52,7 @@ class Allocator:
         if holder.slot is not None:
             raise ValueError(f"{holder.request_id} already holds slot {holder.slot}")
         holder.slot = self.slots.allocate(holder.request_id)
+        self._holders[holder.request_id] = holder
 
     def adopt(self, holder: Holder, cached: list[int]) -> None:
         """Replace the pages `holder` reserved with shared references to `cached`, the pages of
@@ -55,6 +60,7 @@ class Allocator:
         self.pages.share(cached, holder.request_id)
         self.pages.release(holder.pages, holder.request_id)
         holder.pages = list(cached)
+        self._holders[holder.request_id] = holder
 
     def free(self, holder: Holder) -> None:
         """Release everything `holder` holds."""
@@ -64,6 +70,17 @@ class Allocator:
         if holder.slot is not None:
             self.slots.release(holder.slot, holder.request_id)
             holder.slot = None
+        self._holders.pop(holder.request_id, None)
+
+    # -- resizing -------------------------------------------------------------------------------
+
+    def resize_pages(self, total: int, renumbered: dict[int, int]) -> None:
+        """Make the page pool `total` pages, the held pages moved as `renumbered` says
+        (`PagePool.renumbering`); every request's table follows. Other owners (the prefix
+        cache) renumber their own."""
+        self.pages.resize(total, renumbered)
+        for holder in self._holders.values():
+            holder.pages = [renumbered.get(p, p) for p in holder.pages]
 
     # -- other owners ---------------------------------------------------------------------------
 
@@ -97,6 +114,13 @@ class Allocator:
         return self.slots.num_free
 
     def check(self) -> None:
-        """Prove both ledgers: free + held == total."""
+        """Prove both ledgers (free + held == total), and that every request holds what its
+        table says."""
         self.pages.check()
         self.slots.check()
+        for name, holder in self._holders.items():
+            for page in holder.pages:
+                if name not in self.pages.holders(page):
+                    raise AssertionError(f"kv pages: {name}'s table has page {page}, not held")
+            if holder.slot is not None and self.slots.owner(holder.slot) != name:
+                raise AssertionError(f"gdn slots: {name}'s slot {holder.slot} is not its own")

@@ -53,3 +53,14 @@ def init_cache_state(
             for _ in cfg.linear_attention_layers
         ),
     )
+
+
+def with_pages(state: CacheState, num_pages: int) -> CacheState:
+    """`state`'s shapes (abstract) with `num_pages` KV pages: a layout's pool of another size."""
+    return CacheState(
+        kv=tuple(
+            KVPages(*(jax.ShapeDtypeStruct((num_pages, *x.shape[1:]), x.dtype) for x in kv))
+            for kv in state.kv
+        ),
+        gdn=jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.gdn),
+    )

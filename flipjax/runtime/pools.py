@@ -80,6 +80,32 @@ class PagePool:
                 del self._holders[p]
                 self._free.append(p)
 
+    def renumbering(self, total: int) -> dict[int, int]:
+        """Where each held page at or past `total` would go for the pool to shrink to `total`
+        pages: the lowest free ids below it. Changes nothing; `PoolExhausted` when more than
+        `total` pages are held."""
+        held = len(self._holders)
+        if held > total:
+            raise PoolExhausted(f"{self.name}: {held} pages are held, {total} would remain")
+        moving = [p for p in sorted(self._holders) if p >= total]
+        room = sorted(p for p in self._free if p < total)
+        return dict(zip(moving, room, strict=False))
+
+    def resize(self, total: int, renumbered: dict[int, int]) -> None:
+        """Become a pool of `total` pages, the held pages moved as `renumbered` says (from
+        `renumbering(total)`; growing needs none). All or nothing."""
+        if total <= 0:
+            raise ValueError(f"num_pages: must be positive, got {total}")
+        holders = {renumbered.get(p, p): h for p, h in self._holders.items()}
+        if len(holders) != len(self._holders) or any(p >= total for p in holders):
+            raise OwnershipError(
+                f"{self.name}: renumbering {renumbered} does not fit the held pages "
+                f"{sorted(self._holders)} into {total}"
+            )
+        self._holders = holders
+        self._free = [p for p in range(total - 1, -1, -1) if p not in holders]
+        self.total = total
+
     def check(self) -> None:
         """Prove every id is in exactly one place: free xor held."""
         self.counters["checked"] += 1

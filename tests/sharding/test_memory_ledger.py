@@ -90,31 +90,34 @@ def test_the_ledger_agrees_with_the_devices_and_its_capacity_with_the_budgets(la
     engine.close()
 
 
-def test_without_num_pages_the_pool_is_what_the_tightest_layout_holds():
+def test_without_num_pages_each_layout_gets_the_pool_its_devices_hold():
     options = dict(max_running_requests=2, max_prefill_tokens=16)  # few shapes to compile
     engine = Engine.from_pretrained(
         "tiny", layout="pp:5,3", arm=("tp:2",), device_memory="30MiB,18MiB", **options
     )
-    pages = engine.stats().pools["pages_total"]
-    assert engine.info.config.engine.num_pages == pages
+    pages = {"pp:5,3": engine.stats().pools["pages_total"]}
+    assert engine.info.config.engine.num_pages == pages["pp:5,3"]
     for prompt in PROMPTS:
         engine.add_request(prompt, GREEDY)
     for _ in range(3):  # both prompts in and decoding: the largest pieces have been compiled
         engine.step()
-    # A flip never holds both layouts, so each layout alone bounds the pool.
+    # A flip never holds both layouts, so each layout's pool is what it alone can hold.
     engine.flip("tp:2")
+    pages["tp:2"] = engine.stats().pools["pages_total"]
     after = engine.memory()
     assert {c.layout for c in after.capacity} == {"pp:5,3", "tp:2"}
-    bound = min(c.pages for c in after.capacity)
-    assert 0.95 * bound <= pages <= bound
+    for c in after.capacity:
+        assert 0.95 * c.pages <= pages[c.layout] <= c.pages, c
+    assert pages["tp:2"] < pages["pp:5,3"]
     assert all(line.free >= 0 for line in after.devices)
     while engine.has_unfinished():
         engine.step()
     engine.check()
     # A request the pool could never hold is refused, naming the pool.
-    assert pages * 16 < engine.info.max_model_len - 1
-    with pytest.raises(ValueError, match=rf"needs {pages + 1} pages of 16 tokens, the pool has"):
-        engine.add_request([1] * 100, max_new_tokens=pages * 16 - 99)
+    small = pages["tp:2"]
+    assert small * 16 < engine.info.max_model_len - 1
+    with pytest.raises(ValueError, match=rf"needs {small + 1} pages of 16 tokens, the pool has"):
+        engine.add_request([1] * 100, max_new_tokens=small * 16 - 99)
 
 
 def test_an_engine_over_its_budget_is_refused_by_name():
