@@ -6,6 +6,9 @@ nonsense; say so wherever it is served.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -48,7 +51,17 @@ def tiny_config() -> ModelConfig:
 
 
 def tiny_model(dtype: jnp.dtype) -> Qwen3NextForCausalLM:
-    model = Qwen3NextForCausalLM(tiny_config(), dtype=dtype, rngs=nnx.Rngs(TINY_SEED))
+    """A fresh `tiny` module: its own containers over the process's one copy of the weights
+    (JAX arrays are immutable, so a module that sets a weight changes only itself)."""
+    graphdef, treedef, leaves = _tiny_weights(jnp.dtype(dtype).name)
+    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, list(leaves)))
+
+
+@functools.lru_cache(maxsize=2)
+def _tiny_weights(dtype: str) -> tuple[nnx.GraphDef, Any, tuple[jax.Array, ...]]:
+    """The seeded weights, made once per process and dtype: every engine, server and test that
+    asks for `tiny` would otherwise pay the initializers' dispatches (about a second each)."""
+    model = Qwen3NextForCausalLM(tiny_config(), dtype=jnp.dtype(dtype), rngs=nnx.Rngs(TINY_SEED))
     # Norm weights start at 0 (or 1); perturb every parameter so a norm bug cannot hide.
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree_util.tree_flatten(state)
@@ -57,4 +70,4 @@ def tiny_model(dtype: jnp.dtype) -> Qwen3NextForCausalLM:
         (x + 0.05 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
         for x, k in zip(leaves, keys, strict=True)
     ]
-    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, leaves))
+    return graphdef, treedef, tuple(leaves)
