@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from flipjax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
@@ -51,16 +52,18 @@ def tiny_config() -> ModelConfig:
 
 
 def tiny_model(dtype: jnp.dtype) -> Qwen3NextForCausalLM:
-    """A fresh `tiny` module: its own containers over the process's one copy of the weights
-    (JAX arrays are immutable, so a module that sets a weight changes only itself)."""
+    """A fresh `tiny` module with arrays of its own, copied from the process's host copy of
+    the seeded weights (so no device holds weights that no module uses)."""
     graphdef, treedef, leaves = _tiny_weights(jnp.dtype(dtype).name)
-    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, list(leaves)))
+    arrays = [jnp.asarray(x) for x in leaves]
+    return nnx.merge(graphdef, jax.tree_util.tree_unflatten(treedef, arrays))
 
 
 @functools.lru_cache(maxsize=2)
-def _tiny_weights(dtype: str) -> tuple[nnx.GraphDef, Any, tuple[jax.Array, ...]]:
-    """The seeded weights, made once per process and dtype: every engine, server and test that
-    asks for `tiny` would otherwise pay the initializers' dispatches (about a second each)."""
+def _tiny_weights(dtype: str) -> tuple[nnx.GraphDef, Any, tuple[np.ndarray, ...]]:
+    """The seeded weights on the host, made once per process and dtype: every engine, server
+    and test that asks for `tiny` would otherwise pay the initializers' dispatches (about a
+    second each)."""
     model = Qwen3NextForCausalLM(tiny_config(), dtype=jnp.dtype(dtype), rngs=nnx.Rngs(TINY_SEED))
     # Norm weights start at 0 (or 1); perturb every parameter so a norm bug cannot hide.
     graphdef, state = nnx.split(model)
@@ -70,4 +73,5 @@ def _tiny_weights(dtype: str) -> tuple[nnx.GraphDef, Any, tuple[jax.Array, ...]]
         (x + 0.05 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
         for x, k in zip(leaves, keys, strict=True)
     ]
-    return graphdef, treedef, tuple(leaves)
+    # Copied out: on the CPU `np.asarray` is a view that keeps the device buffer alive.
+    return graphdef, treedef, tuple(np.array(x, copy=True) for x in leaves)
