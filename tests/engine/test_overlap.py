@@ -20,7 +20,7 @@ from tests.support.pool_checks import assert_pools_returned
 
 def make(overlap: bool) -> Engine:
     engine = Engine.from_pretrained(
-        "tiny", overlap=overlap, max_running_requests=8, max_prefill_tokens=64
+        "tiny", overlap=overlap, max_running_requests=8, max_prefill_tokens=32
     )
     engine.warmup()
     return engine
