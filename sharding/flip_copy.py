@@ -87,8 +87,8 @@ def arm(
     `jax.device_put` builds to reshard the parameters (warmed by a trial move there and back),
     and the live-set movers of the pools for every bucket of rows. Transfers are warmed between
     the current layout and the target only; arm from the layout you will flip from. With
-    `state_io`, the programs that move pages and states (prefix cache and store) are warmed on
-    a trial pool on the target too. The binding is not touched.
+    `state_io`, the programs that move pages and states (prefix cache and store) are compiled
+    for the target's pools too, from shapes. The binding is not touched.
     """
     current = runner.binding
     target = pools if pools is not None else current.state
@@ -123,7 +123,7 @@ def arm(
             jax.block_until_ready(reshard(there, back_sh))
             warm(current.state, source_sh, target_sh)
             if state_io:
-                cache_io.warm(move_live(current.state, target_sh, [], [])[0], runner.table_width)
+                cache_io.warm_shapes(current.state, target_sh, runner.table_width)
 
 
 def shardings_of(runner: ModelRunner, placement: Placement) -> tuple[Any, Any]:
