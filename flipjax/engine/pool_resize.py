@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from flipjax.engine.radix_cache import RadixCache
 from flipjax.engine.scheduler import Scheduler
-from flipjax.runtime.buckets import pages_for
 
 
 class PoolResize:
@@ -36,7 +35,7 @@ class PoolResize:
         everyone = [*sched.running, *sched.waiting]
         everyone += [c for s in everyone for c in s.forks]
         for seq in everyone:
-            worst = pages_for(len(seq.prompt_ids) + seq.max_tokens, sched.page_size)
+            worst = sched.worst_pages(seq)
             if worst > total:
                 return (
                     f"{seq.request_id} needs {worst} pages of {sched.page_size} tokens (prompt "

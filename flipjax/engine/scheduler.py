@@ -89,7 +89,7 @@ class Scheduler:
                 f"n: {1 + len(seq.forks)} choices exceed max_running_requests "
                 f"{self.max_running_requests}; each choice runs as a request"
             )
-        worst = pages_for(len(seq.prompt_ids) + seq.max_tokens, self.page_size)
+        worst = self.worst_pages(seq)
         if worst > self.pages.total:
             raise ValueError(
                 f"max_tokens: prompt plus max_tokens needs {worst} pages of {self.page_size} "
@@ -98,6 +98,10 @@ class Scheduler:
         self.waiting.append(seq)
         if self.on_add is not None:
             self.on_add(seq)
+
+    def worst_pages(self, seq: Sequence) -> int:
+        """The pages `seq` holds at its longest: its prompt plus `max_tokens`."""
+        return pages_for(len(seq.prompt_ids) + seq.max_tokens, self.page_size)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
