@@ -81,8 +81,7 @@ def assemble(
 ) -> Parts:
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
     graphdef, params = nnx.split(model)
-    cap = config.engine.num_pages  # `--num-pages`: every layout's pool at most this
-    config, placement, budgets, sizes = _sized(config, cfg, dtype, graphdef, params)
+    config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params)
     ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)
     allocator = Allocator(ec.num_pages, ec.slots, ec.page_size)
@@ -110,7 +109,7 @@ def assemble(
         headroom=lc.flip_memory_headroom,
         budgets=budgets,
         flip_window=window,
-        pool_pages=_sizer(graphdef, params, shape, budgets, cap),
+        pool_pages=sizer,
     )
     layouts.pools.sizes.update(sizes)
     layouts.pools.resizer = PoolResize(scheduler, prefix_cache)
@@ -174,11 +173,18 @@ def _sized(
     dtype: jnp.dtype,
     graphdef: nnx.GraphDef,
     params: nnx.State,
-) -> tuple[FlipjaxConfig, Placement, dict[int, int] | None, dict[str, int]]:
+) -> tuple[
+    FlipjaxConfig,
+    Placement,
+    dict[int, int] | None,
+    dict[str, int],
+    Callable[[Placement], int] | None,
+]:
     """The config with the pool's page count settled (`sharding.pool_sizing`), the live
-    placement, the device budgets and each layout's pool (in one process with budgets, each
-    layout gets what its devices hold; otherwise one size serves all). BudgetError, before
-    anything is placed, when the weights and pools do not fit a budget."""
+    placement, the device budgets, each layout's pool (in one process with budgets, each
+    layout gets what its devices hold; otherwise one size serves all) and what sizes a layout
+    armed later (`_sizer`). BudgetError, before anything is placed, when the weights and
+    pools do not fit a budget."""
     ec, lc = config.engine, config.layout
     budgets = device_budgets(
         jax.devices(), lc.device_memory, lc.mem_fraction_static, jax.process_count()
@@ -191,20 +197,18 @@ def _sized(
         config = dataclasses.replace(config, layout=lc)
     placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
     placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
-    if budgets is None or both:
+    sizer = _sizer(graphdef, params, shape, budgets, ec.num_pages)  # `--num-pages`: a cap
+    if sizer is None:
         pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages, both)
         sizes = {p.name: pages for p in placements}
     else:
-        sizes = {
-            p.name: pool_pages(graphdef, params, shape, [p], budgets, ec.num_pages)
-            for p in placements
-        }
+        sizes = {p.name: sizer(p) for p in placements}
         pages = sizes[placement.name]
     config = dataclasses.replace(config, engine=dataclasses.replace(ec, num_pages=pages))
     pools = jax.eval_shape(lambda: init_cache_state(cfg, pages, ec.page_size, ec.slots, dtype))
     if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:
         raise BudgetError(f"the engine does not fit its memory budget: {why}")
-    return config, placement, budgets, sizes
+    return config, placement, budgets, sizes, sizer
 
 
 def _auto(
