@@ -31,7 +31,7 @@ from typing import Any
 
 from flipjax.runtime import multihost
 from flipjax.runtime.allocator import Allocator
-from flipjax.runtime.cache import CacheState
+from flipjax.runtime.cache import CacheState, resized
 from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.placement import Placement
@@ -118,7 +118,7 @@ class Layouts:
 
     def _pools(self, placement: Placement) -> CacheState | None:
         """The pools' shapes in `placement` when their size changes there, else None."""
-        return self.pools.shapes(self.runner.binding.state, self.pages_for(placement))
+        return resized(self.runner.binding.state, self.pages_for(placement))
 
     def _footprints(self, placement: Placement) -> tuple[Any, Any]:
         """(now, in `placement`): what each device (by id) holds of weights and pools."""
@@ -234,7 +234,7 @@ class Layouts:
         live page landing where `renumbered` says. A failure ends with the old layout bound
         and whole."""
         runner, placement = self.runner, self.armed[layout]
-        pools = None if total is None else self.pools.shapes(runner.binding.state, total)
+        pools = None if total is None else resized(runner.binding.state, total)
         param_sh, state_sh = shardings_of(runner, placement)
         old = runner.binding
         with runner.compiles.watch():  # a compile here would be on the critical path

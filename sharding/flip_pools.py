@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from flipjax.runtime.allocator import Allocator
-from flipjax.runtime.cache import CacheState, with_pages
 from flipjax.runtime.placement import Placement
 from sharding.budgets import BudgetError
 
@@ -53,13 +52,6 @@ class FlipPools:
                 # naming the device, its need and its budget.
                 return total
         return self.sizes[placement.name]
-
-    @staticmethod
-    def shapes(state: CacheState, total: int) -> CacheState | None:
-        """`state`'s pools with `total` pages (shapes), or None when that is their size."""
-        if not state.kv or total == state.kv[0].k.shape[0]:
-            return None
-        return with_pages(state, total)
 
     def refusal(self, total: int) -> str | None:
         """Why the pool cannot become `total` pages (the engine's refusal; without the

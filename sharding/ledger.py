@@ -18,7 +18,7 @@ from typing import Any
 
 from flipjax.model.config import ModelConfig
 from flipjax.runtime.binding import Binding
-from flipjax.runtime.cache import with_pages
+from flipjax.runtime.cache import resized
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import workspace
 from sharding.budgets import format_bytes, reserve
@@ -157,8 +157,8 @@ def report(
     capacities = []
     for p in placements:
         pages = (sizes or {}).get(p.name, num_pages)
-        pools = binding.state if pages == num_pages else with_pages(binding.state, pages)
-        there = binding.rebind(p, binding.params, pools) if pools is not binding.state else binding
+        pools = resized(binding.state, pages)
+        there = binding if pools is None else binding.rebind(p, binding.params, pools)
         capacities.append(capacity(there, p, budgets, pages, page_size, own))
     return MemoryReport(binding.placement.name, account(binding, budgets, own), tuple(capacities))
 

@@ -55,8 +55,11 @@ def init_cache_state(
     )
 
 
-def with_pages(state: CacheState, num_pages: int) -> CacheState:
-    """`state`'s shapes (abstract) with `num_pages` KV pages: a layout's pool of another size."""
+def resized(state: CacheState, num_pages: int) -> CacheState | None:
+    """`state`'s shapes (abstract) with `num_pages` KV pages, a layout's pool of another size;
+    None when its pools already have that many (or it has no KV pools)."""
+    if not state.kv or num_pages == state.kv[0].k.shape[0]:
+        return None
     return CacheState(
         kv=tuple(
             KVPages(*(jax.ShapeDtypeStruct((num_pages, *x.shape[1:]), x.dtype) for x in kv))
