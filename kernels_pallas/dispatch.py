@@ -27,6 +27,7 @@ from kernels_pallas.gdn import reference as gdn_reference
 from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel
 from kernels_pallas.matmul import calibration as matmul_calibration
 from kernels_pallas.matmul import native_binding as matmul_native
+from kernels_pallas.matmul.xla_form import xla_matmul
 from kernels_pallas.paged_attention import native_binding as attention_native
 from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
 from kernels_pallas.paged_attention.reference import paged_attention_reference
@@ -189,9 +190,42 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
     return functools.partial(matmul_native.matmul, matmul_native.targets())
 
 
-def ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, split: str) -> jax.Array:
+def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str) -> jax.Array:
+    """`x [..., K] @ (q [K, N] * scale [N])` for an int8 weight with per-column scales, in x's
+    dtype, accumulated in fp32, without a dequantized copy of the weight where the kernels run.
+
+    In `native` mode the native matmul widens the int8 weight as it streams it, for every row
+    count (XLA's dot would first write the whole weight out in a float type, every call); under
+    `head_parallel.across` it runs per device over q's shard, `split` naming the dimension the
+    TP layout splits ("out": columns; "in": rows, the partial products summed over the mesh).
+    Elsewhere (a GPU's fused dot, or the references) XLA's dot takes the widened weight.
+    """
+    if split not in ("in", "out"):
+        raise ValueError(f"quantized_matmul: split must be 'in' or 'out', got {split!r}")
+    rows = x.reshape(-1, x.shape[-1])
+    mesh = head_parallel.current()
+    if current_mode() == "native" and (mesh is not None or head_parallel.local()):
+        kernel = functools.partial(matmul_native.matmul, matmul_native.targets())
+        if mesh is not None:
+            kernel = head_parallel.matmul(kernel, mesh, split, q.shape)
+        y = kernel(rows.astype(jnp.float32), q)
+    else:
+        y = xla_matmul(rows, q.astype(x.dtype)).astype(jnp.float32)
+    y = y * scale.astype(jnp.float32)
+    return y.astype(x.dtype).reshape(*x.shape[:-1], q.shape[1])
+
+
+def ragged_dot(
+    x: jax.Array,
+    w: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    split: str,
+    scale: jax.Array | None = None,
+) -> jax.Array:
     """`jax.lax.ragged_dot(x, w, group_sizes)` for x [M, K] sorted by group and w [G, K, N]:
-    the experts' matmul of a mixture-of-experts layer, in x's dtype.
+    the experts' matmul of a mixture-of-experts layer, in x's dtype. With `scale` [G, N], w is
+    int8 and each group's product is scaled per column (see `quantized_matmul`).
 
     In `native` mode the native kernel runs (`ragged_matmul.native_binding`), for every row
     count: XLA:CPU multiplies each row by every group and copies the whole weight per call
@@ -204,12 +238,22 @@ def ragged_dot(x: jax.Array, w: jax.Array, group_sizes: jax.Array, *, split: str
         raise ValueError(f"ragged_dot: split must be 'in' or 'out', got {split!r}")
     mesh = head_parallel.current()
     if current_mode() != "native" or not (mesh is not None or head_parallel.local()):
-        return jax.lax.ragged_dot(x, w, group_sizes)
-    kernel = functools.partial(ragged_native.ragged_matmul, ragged_native.targets())
+        if scale is None:
+            return jax.lax.ragged_dot(x, w, group_sizes)
+        y = jax.lax.ragged_dot(
+            x, w.astype(x.dtype), group_sizes, preferred_element_type=jnp.float32
+        )
+    else:
+        kernel = functools.partial(ragged_native.ragged_matmul, ragged_native.targets())
 
-    def run(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
-        return kernel(x.astype(jnp.float32), w, group_sizes).astype(x.dtype)
+        def run(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
+            return kernel(x.astype(jnp.float32), w, group_sizes)
 
-    if mesh is not None:
-        run = head_parallel.ragged_matmul(run, mesh, split, w.shape)
-    return run(x, w, group_sizes)
+        if mesh is not None:
+            run = head_parallel.ragged_matmul(run, mesh, split, w.shape)
+        y = run(x, w, group_sizes)
+    if scale is not None:
+        # Each sorted row takes its group's scales (rows past the groups are zero anyway).
+        groups = jnp.repeat(jnp.arange(w.shape[0]), group_sizes, total_repeat_length=x.shape[0])
+        y = y * scale.astype(jnp.float32)[groups]
+    return y.astype(x.dtype)

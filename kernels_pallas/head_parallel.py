@@ -123,6 +123,30 @@ def pooled_delta_rule(
     )
 
 
+def matmul(
+    kernel: Callable[..., jax.Array], mesh: Mesh, split: str, w_shape: tuple[int, ...]
+) -> Callable[..., jax.Array]:
+    """`kernel(x, w)` (w [K, N]) per device over its shard of w, where the TP layout splits it:
+    N for `split` "out" (x whole, the output split by columns), K for "in" (x split by columns,
+    the partial products summed over the mesh). Where the width does not divide that dimension
+    every device runs the whole product."""
+    (axis,) = mesh.axis_names
+    dim = 1 if split == "out" else 0
+    if w_shape[dim] % mesh.shape[axis]:
+        specs, out = (P(), P()), P()
+        local = kernel
+    elif split == "out":
+        specs, out = (P(), P(None, axis)), P(None, axis)
+        local = kernel
+    else:
+        specs, out = (P(None, axis), P(axis, None)), P()
+
+        def local(x: jax.Array, w: jax.Array) -> jax.Array:
+            return jax.lax.psum(kernel(x, w), axis)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
+
+
 def ragged_matmul(
     kernel: Callable[..., jax.Array], mesh: Mesh, split: str, w_shape: tuple[int, ...]
 ) -> Callable[..., jax.Array]:

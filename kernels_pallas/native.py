@@ -53,16 +53,20 @@ KERNELS = (
     "gdn_decode",
     "matmul",
     "matmul_bf16",
+    "matmul_int8",
     "paged_decode",
     "paged_decode_bf16",
     "ragged_matmul",
     "ragged_matmul_bf16",
+    "ragged_matmul_int8",
 )
 # handlers that share another kernel's source
 SOURCE_OF = {
     "matmul_bf16": "matmul",
+    "matmul_int8": "matmul",
     "paged_decode_bf16": "paged_decode",
     "ragged_matmul_bf16": "ragged_matmul",
+    "ragged_matmul_int8": "ragged_matmul",
 }
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 # What a kernel is compiled for. A CPU's own (`native`) is the default; the others build the

@@ -30,8 +30,10 @@ constexpr int64_t kWorkPerThread = 1 << 18;  // multiply-adds that pay for wakin
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 typedef uint32_t Words __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef int8_t Bytes __attribute__((vector_size(kLanes * sizeof(int8_t))));
 
-// A weight as stored: fp32, or bf16 held as its 16 bits.
+// A weight as stored: fp32, bf16 held as its 16 bits, or int8 (a quantized weight, whose
+// per-column scale the caller applies to the product).
 struct Bf16 {
   uint16_t bits;
 };
@@ -49,6 +51,13 @@ inline Vec Load(const Bf16* p) {
   Vec v;
   std::memcpy(&v, &w, sizeof v);
   return v;
+}
+
+// An int8 is an integer of at most 8 bits, so its float is exact.
+inline Vec Load(const int8_t* p) {
+  Bytes b;
+  std::memcpy(&b, p, sizeof b);
+  return __builtin_convertvector(b, Vec);
 }
 
 // acc + s * w, rounded once where the CPU has FMA, wherever the compiler would put it.

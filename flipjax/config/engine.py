@@ -12,6 +12,7 @@ from typing import Protocol
 
 from flipjax.config.option import option
 from flipjax.model.config import DTYPE_NAMES, ModelConfig
+from flipjax.model.quantize import QUANTIZATIONS, check_quantization
 from flipjax.runtime.hybrid import check_interval, default_interval
 from sharding.budgets import parse_size, parse_sizes
 
@@ -27,10 +28,17 @@ class GridStore(Protocol):
 class ModelOptions:
     model: str = option("tiny", "HF checkpoint folder, orbax folder, or 'tiny' (default)")
     dtype: str = option("float32", "the weights' and activations' dtype", choices=DTYPE_NAMES)
+    quantization: str | None = option(
+        None,
+        "quantize the weights at load: 'int8' keeps the projections, MLPs and experts in int8 "
+        "with a scale per output channel (activations stay in --dtype)",
+        choices=QUANTIZATIONS,
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_NAMES:
             raise ValueError(f"dtype: {self.dtype!r} is not supported; use one of {DTYPE_NAMES}")
+        check_quantization(self.quantization)
 
 
 @dataclass(frozen=True)

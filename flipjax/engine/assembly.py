@@ -31,6 +31,7 @@ from flipjax.engine.sessions import Sessions
 from flipjax.engine.step import Stepper
 from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
+from flipjax.model.quantize import quantize_model
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime import multihost
@@ -80,7 +81,7 @@ def assemble(
     checkpoints: CheckpointBook | None,
 ) -> Parts:
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
-    graphdef, params = nnx.split(model)
+    graphdef, params = nnx.split(quantize_model(model, config.model.quantization))
     config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params)
     ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)

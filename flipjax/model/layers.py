@@ -26,15 +26,22 @@ def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float
 
 
 class Linear(nnx.Module):
-    """Bias-free linear layer; kernel: [in, out] (the checkpoint's `weight`, transposed)."""
+    """Bias-free linear layer; kernel: [in, out] (the checkpoint's `weight`, transposed).
+
+    Quantized (`flipjax.model.quantize`), the kernel is int8 with `scale` [out] beside it, and
+    `split` says which of its dimensions a TP layout splits ("out" or "in")."""
 
     def __init__(self, in_features: int, out_features: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         # Drawn as [out, in] and transposed, so a seed gives the weights it always gave.
         w = _normal(rngs, (out_features, in_features), dtype, 0.02)
         self.kernel = nnx.Param(w.T)
+        self.scale: nnx.Param | None = nnx.data(None)
+        self.split: str | None = None
 
     def __call__(self, x: jax.Array) -> jax.Array:
         w = self.kernel[...]
+        if self.scale is not None:
+            return dispatch.quantized_matmul(x, w, self.scale[...], split=self.split or "out")
         num_rows = math.prod(x.shape[:-1])
         native = dispatch.matmul(num_rows, w.shape[1], w.dtype)
         if native is not None:  # a decode step's few rows (see `dispatch.matmul`)

@@ -30,7 +30,8 @@ class Qwen3NextMLP(nnx.Module):
 
 
 class Qwen3NextExperts(nnx.Module):
-    """gate_proj, up_proj: [E, hidden, moe_inter]; down_proj: [E, moe_inter, hidden]."""
+    """gate_proj, up_proj: [E, hidden, moe_inter]; down_proj: [E, moe_inter, hidden]. Quantized
+    (`flipjax.model.quantize`), each is int8 with `<name>_scale` [E, out] beside it."""
 
     def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
@@ -42,6 +43,9 @@ class Qwen3NextExperts(nnx.Module):
         self.gate_proj = init((e, h, i))
         self.up_proj = init((e, h, i))
         self.down_proj = init((e, i, h))
+        self.gate_proj_scale: nnx.Param | None = nnx.data(None)
+        self.up_proj_scale: nnx.Param | None = nnx.data(None)
+        self.down_proj_scale: nnx.Param | None = nnx.data(None)
 
     def __call__(self, x: jax.Array, top_idx: jax.Array, top_w: jax.Array) -> jax.Array:
         """x: [N, H]; top_idx, top_w: [N, k]. Returns sum_k w * expert_k(x): [N, H]."""
@@ -51,13 +55,20 @@ class Qwen3NextExperts(nnx.Module):
         order = jnp.argsort(flat_expert, stable=True)
         group_sizes = jnp.bincount(flat_expert, length=num_experts).astype(jnp.int32)
         xs = x[order // k]
-        h_gate = dispatch.ragged_dot(xs, self.gate_proj[...], group_sizes, split="out")
-        h_up = dispatch.ragged_dot(xs, self.up_proj[...], group_sizes, split="out")
+        h_gate = self._project("gate_proj", xs, group_sizes, "out")
+        h_up = self._project("up_proj", xs, group_sizes, "out")
         act = jax.nn.silu(h_gate) * h_up
-        y = dispatch.ragged_dot(act, self.down_proj[...], group_sizes, split="in")
+        y = self._project("down_proj", act, group_sizes, "in")
         # Back to (token, choice) order: a gather, where a scatter-add would sum in any order.
         y = y[jnp.argsort(order)].reshape(n, k, -1)
         return jnp.sum(y * top_w[..., None].astype(y.dtype), axis=1)
+
+    def _project(self, name: str, x: jax.Array, group_sizes: jax.Array, split: str) -> jax.Array:
+        scale = getattr(self, f"{name}_scale")
+        scale = None if scale is None else scale[...]
+        return dispatch.ragged_dot(
+            x, getattr(self, name)[...], group_sizes, split=split, scale=scale
+        )
 
 
 class Qwen3NextSparseMoeBlock(nnx.Module):

@@ -19,7 +19,9 @@
 // the experts. Two handlers: FlipjaxMatmul takes x f32[M, K] and w f32[K, N]; FlipjaxMatmulBf16 takes w
 // bf16[K, N], widened to fp32 as it is read (exactly: a bf16 is the top half of an fp32), so
 // it reads half the bytes and multiplies and accumulates as XLA's bf16 product with fp32
-// accumulation does. Both return y f32[M, N].
+// accumulation does. FlipjaxMatmulInt8 takes a quantized weight s8[K, N], widened exactly as it
+// is read (a quarter of fp32's bytes); the per-column scale is the caller's to apply. All
+// return y f32[M, N].
 
 #include <algorithm>
 #include <cstdint>
@@ -71,6 +73,14 @@ ffi::Error MatmulBf16Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+ffi::Error MatmulInt8Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::S8> w, ffi::ResultBuffer<ffi::F32> y) {
+  if (auto error = CheckShapes(x.dimensions(), w.dimensions()); error.failure()) return error;
+  Multiply(threads, x.typed_data(), w.typed_data(), y->typed_data(), x.dimensions()[0],
+           x.dimensions()[1], w.dimensions()[1]);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmul, MatmulImpl,
@@ -87,4 +97,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulBf16, MatmulBf16Impl,
                                   .Arg<ffi::Buffer<ffi::F32>>()   // x
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // w
                                   .Ret<ffi::Buffer<ffi::F32>>()   // y
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulInt8, MatmulInt8Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
+                                  .Arg<ffi::Buffer<ffi::S8>>()   // w
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
 );

@@ -4,7 +4,8 @@ file).
 XLA:CPU's GEMM libraries pack the weight before multiplying, which at 2 to 32 rows costs more
 than the multiply: the kernel instead streams the `[in, out]` weight once, in panels that stay
 in L1 while every row is multiplied into them (see the source for the measurements). A bf16
-weight is widened as it is read, so it streams half the bytes. Each output is summed over `in`
+weight is widened as it is read, so it streams half the bytes; an int8 (quantized) weight a
+quarter, its scales applied by the caller. Each output is summed over `in`
 in order, so a row's result does not depend on its batch. This module imports nothing from
 flipjax.
 """
@@ -16,7 +17,11 @@ import jax.numpy as jnp
 
 from kernels_pallas import native
 
-HANDLERS = {jnp.dtype(jnp.float32): "matmul", jnp.dtype(jnp.bfloat16): "matmul_bf16"}
+HANDLERS = {
+    jnp.dtype(jnp.float32): "matmul",
+    jnp.dtype(jnp.bfloat16): "matmul_bf16",
+    jnp.dtype(jnp.int8): "matmul_int8",
+}
 
 
 def targets(isa: str | None = None) -> dict[jnp.dtype, str]:
@@ -26,8 +31,8 @@ def targets(isa: str | None = None) -> dict[jnp.dtype, str]:
 
 
 def matmul(targets: dict[jnp.dtype, str], x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [M, K] float32 @ w [K, N], float32 or bfloat16 (widened exactly, accumulated in
-    fp32), by the FFI target `targets` (see `targets()`) names for w's dtype; [M, N] float32."""
+    """x [M, K] float32 @ w [K, N], float32, bfloat16 or int8 (widened exactly, accumulated
+    in fp32), by the FFI target `targets` (see `targets()`) names for w's dtype; [M, N] float32."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0] or w.shape[0] == 0:
         raise ValueError(f"native matmul: need x [M, K] and w [K, N], got {x.shape} and {w.shape}")
     if x.dtype != jnp.float32 or w.dtype not in targets:

@@ -1,8 +1,8 @@
 """Rows sorted by group times their group's weight, by the native CPU kernel
 (`ragged_matmul.cc`, beside this file): `jax.lax.ragged_dot`'s product, reading only the weights
-of groups that have rows. A bf16 weight is widened as it is read. Each row is summed over `in`
-in order, so its result depends on neither its group's size nor the batch. This module imports
-nothing from flipjax.
+of groups that have rows. A bf16 or int8 weight is widened as it is read. Each row is summed
+over `in` in order, so its result depends on neither its group's size nor the batch. This
+module imports nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from kernels_pallas import native
 HANDLERS = {
     jnp.dtype(jnp.float32): "ragged_matmul",
     jnp.dtype(jnp.bfloat16): "ragged_matmul_bf16",
+    jnp.dtype(jnp.int8): "ragged_matmul_int8",
 }
 
 
@@ -27,8 +28,8 @@ def targets(isa: str | None = None) -> dict[jnp.dtype, str]:
 def ragged_matmul(
     targets: dict[jnp.dtype, str], x: jax.Array, w: jax.Array, group_sizes: jax.Array
 ) -> jax.Array:
-    """x [M, K] float32, its rows sorted by group, @ w [G, K, N] (float32 or bfloat16, widened
-    exactly and accumulated in fp32) with group_sizes [G]: row r of group g is x[r] @ w[g];
+    """x [M, K] float32, its rows sorted by group, @ w [G, K, N] (float32, bfloat16 or int8,
+    widened exactly and accumulated in fp32) with group_sizes [G]: row r of group g is x[r] @ w[g];
     rows past the groups' total are zero. By the FFI target `targets` names for w's dtype;
     [M, N] float32."""
     if x.ndim != 2 or w.ndim != 3 or x.shape[1] != w.shape[1] or w.shape[1] == 0:

@@ -14,7 +14,9 @@
 // (past the sum of the group sizes) are zero, as `ragged_dot` defines them.
 //
 // Two handlers: FlipjaxRaggedMatmul takes x f32[M, K], w f32[G, K, N] and group_sizes s32[G];
-// FlipjaxRaggedMatmulBf16 takes w bf16[G, K, N], widened as it is read. Both return f32[M, N].
+// FlipjaxRaggedMatmulBf16 takes w bf16[G, K, N] and FlipjaxRaggedMatmulInt8 a quantized
+// s8[G, K, N] (its per-group, per-column scales the caller's to apply), each widened exactly as
+// it is read. All return f32[M, N].
 
 #include <algorithm>
 #include <cstdint>
@@ -92,6 +94,12 @@ ffi::Error RaggedMatmulBf16Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x
   return Multiply(threads, x, bits, w.dimensions(), group_sizes, y);
 }
 
+ffi::Error RaggedMatmulInt8Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
+                                ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::S32> group_sizes,
+                                ffi::ResultBuffer<ffi::F32> y) {
+  return Multiply(threads, x, w.typed_data(), w.dimensions(), group_sizes, y);
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmul, RaggedMatmulImpl,
@@ -110,4 +118,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmulBf16, RaggedMatmulBf16Impl,
                                   .Arg<ffi::Buffer<ffi::BF16>>()  // w
                                   .Arg<ffi::Buffer<ffi::S32>>()   // group_sizes
                                   .Ret<ffi::Buffer<ffi::F32>>()   // y
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmulInt8, RaggedMatmulInt8Impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
+                                  .Arg<ffi::Buffer<ffi::S8>>()   // w
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // group_sizes
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // y
 );

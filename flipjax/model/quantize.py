@@ -1,0 +1,88 @@
+"""Weight-only int8 quantization at load (W8A16): `--quantization int8`.
+
+Each quantized weight becomes int8 with one fp32 scale per output channel (symmetric: the scale
+is the channel's largest magnitude over 127, and zero maps to zero), as vLLM's and
+llm-compressor's channel-wise int8 schemes store it. Activations stay in the model's dtype; the
+product is `(x @ q) * scale`, with q widened exactly inside the matmul (`Linear`,
+`kernels_pallas.dispatch.quantized_matmul`), so no dequantized copy of a weight is kept.
+
+What is quantized: the attention projections, the GDN input (`in_proj_qkvz`) and output
+projections, the dense MLP, the shared expert and the routed experts: all but a fraction of a
+percent of a layer's weights. What is not, and why:
+- the embedding and the lm head, which vLLM and llm-compressor also keep: the head's rounding
+  lands directly on the logits;
+- the MoE router (`mlp.gate`) and the shared expert's gate: tiny, and their outputs choose
+  experts and gate the shared expert, so a rounding there changes which weights run;
+- the GDN's `in_proj_ba`: tiny ([hidden, 2 x value heads]), and it sets the recurrence's decay
+  and write strength, whose errors compound across every later token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flax import nnx
+
+from flipjax.model.layers import Linear
+from flipjax.model.mlp import Qwen3NextExperts
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+
+QUANTIZATIONS = ("int8",)
+INT8_MAX = 127
+# The projections that are quantized, and what a TP layout splits of each: its output columns
+# ("out", column-parallel) or its input rows ("in", row-parallel, the partial products summed).
+SPLITS = {
+    "q_proj": "out",
+    "k_proj": "out",
+    "v_proj": "out",
+    "o_proj": "in",
+    "in_proj_qkvz": "out",
+    "out_proj": "in",
+    "gate_proj": "out",
+    "up_proj": "out",
+    "down_proj": "in",
+}
+EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def check_quantization(method: str | None) -> None:
+    if method is not None and method not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization: {method!r} is not supported; use one of {QUANTIZATIONS} "
+            "(or none for the checkpoint's own dtype)"
+        )
+
+
+def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [..., in, out] -> (q int8 [..., in, out], scale float32 [..., out]), per output
+    channel: w ~= q * scale."""
+    wf = np.asarray(w, dtype=np.float32)
+    peak = np.max(np.abs(wf), axis=-2)
+    scale = np.where(peak > 0, peak / INT8_MAX, 1.0).astype(np.float32)
+    q = np.clip(np.rint(wf / scale[..., None, :]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+def is_quantized(model: Qwen3NextForCausalLM) -> bool:
+    return any(isinstance(m, Linear) and m.scale is not None for _, m in nnx.iter_modules(model))
+
+
+def quantize_model(model: Qwen3NextForCausalLM, method: str | None) -> Qwen3NextForCausalLM:
+    """A model whose weights are `method`'s (None: `model` itself). `model` is left as it was:
+    the result is a new module sharing the weights that are not quantized."""
+    check_quantization(method)
+    if method is None or is_quantized(model):
+        return model
+    out = nnx.merge(*nnx.split(model))
+    for path, module in nnx.iter_modules(out):
+        name = str(path[-1]) if path else ""
+        if isinstance(module, Linear) and name in SPLITS:
+            q, scale = quantize_int8(np.asarray(module.kernel[...]))
+            module.kernel = nnx.Param(q)
+            module.scale = nnx.Param(scale)
+            module.split = SPLITS[name]
+        elif isinstance(module, Qwen3NextExperts):
+            for proj in EXPERT_PROJECTIONS:
+                q, scale = quantize_int8(np.asarray(getattr(module, proj)[...]))
+                setattr(module, proj, nnx.Param(q))
+                setattr(module, f"{proj}_scale", nnx.Param(scale))
+    return out

@@ -1,0 +1,134 @@
+"""The native kernels on int8 (quantized) weights: the dense and the grouped matmul widen each
+int8 exactly and equal the float64 product on every tile shape; a row's result does not depend
+on its batch on any instruction set this machine runs; and `dispatch.quantized_matmul` /
+`dispatch.ragged_dot(scale=)` give `(x @ q) * scale` on one device, per device over a TP mesh
+(each device its own shard of the weight and its scales), and through XLA's dot elsewhere.
+
+The oracle is numpy's float64 product of the int8 values.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from kernels_pallas import dispatch, head_parallel, native
+from kernels_pallas.matmul import native_binding as matmul_native
+from kernels_pallas.ragged_matmul import native_binding as ragged_native
+
+
+def _int8(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(-127, 128, shape).astype(np.int8)
+
+
+def _x(rows: int, k: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(rows, k)).astype(np.float32)
+
+
+def _dense(x: np.ndarray, q: np.ndarray, isa: str = "native") -> np.ndarray:
+    matmul = functools.partial(matmul_native.matmul, matmul_native.targets(isa))
+    return np.asarray(jax.jit(matmul)(x, q))
+
+
+# int8 products are up to 127x a unit normal's: the fp32 rounding scales with them.
+def _tol(k: int) -> dict[str, float]:
+    return dict(rtol=0, atol=2e-6 * np.sqrt(k) * 8 * 127)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17])
+@pytest.mark.parametrize("k,n", [(1, 5), (7, 16), (65, 821), (130, 384), (64, 397)])
+def test_the_int8_kernel_is_the_float64_product_of_the_int8_values(rows, k, n):
+    x, q = _x(rows, k), _int8((k, n), 1)
+    got = _dense(x, q)
+    assert got.shape == (rows, n) and got.dtype == np.float32
+    np.testing.assert_allclose(got, x.astype(np.float64) @ q.astype(np.float64), **_tol(k))
+
+
+@pytest.mark.parametrize("isa", sorted(native.ISAS))
+def test_an_int8_rows_result_does_not_depend_on_its_batch(isa):
+    if not native.runs_here(isa):
+        pytest.skip(f"this CPU lacks the features of {isa}: {native.ISA_NEEDS[isa]}")
+    x, q = _x(13, 200, 2), _int8((200, 500), 3)
+    together = _dense(x, q, isa)
+    np.testing.assert_allclose(together, x.astype(np.float64) @ q, **_tol(200))
+    for i in range(13):
+        np.testing.assert_array_equal(_dense(x[i : i + 1], q, isa)[0], together[i])
+
+
+def test_the_grouped_int8_kernel_is_each_groups_float64_product():
+    sizes, k, n = [3, 0, 9, 1], 65, 397
+    x, q = _x(sum(sizes) + 2, k), _int8((len(sizes), k, n), 4)
+    ragged = functools.partial(ragged_native.ragged_matmul, ragged_native.targets())
+    got = np.asarray(jax.jit(ragged)(x, q, np.asarray(sizes, np.int32)))
+    want = np.zeros((x.shape[0], n))
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    want[: len(groups)] = np.einsum("mk,mkn->mn", x[: len(groups)].astype(np.float64), q[groups])
+    np.testing.assert_allclose(got, want, **_tol(k))
+
+
+def _scaled(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float64) @ q.astype(np.float64)) * scale
+
+
+@pytest.mark.parametrize("split", ["out", "in"])
+@pytest.mark.parametrize("devices", [1, 2, 4])
+def test_quantized_matmul_runs_the_kernel_per_device_and_scales_each_column(split, devices):
+    k, n = 256, 384
+    x, q = _x(6, k, 5), _int8((k, n), 6)
+    scale = np.random.default_rng(7).uniform(0.001, 0.02, n).astype(np.float32)
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
+    # The weight and scales sharded as the TP layout shards them (`sharding.layout.tp_rule`).
+    w_spec, s_spec = (P(None, "tp"), P("tp")) if split == "out" else (P("tp", None), P())
+    qd = jax.device_put(q, NamedSharding(mesh, w_spec))
+    sd = jax.device_put(scale, NamedSharding(mesh, s_spec))
+
+    def run(x: jax.Array, q: jax.Array, s: jax.Array) -> jax.Array:
+        with dispatch.kernels("native"), head_parallel.across(mesh):
+            return dispatch.quantized_matmul(x, q, s, split=split)
+
+    program = jax.jit(run).lower(x, qd, sd)
+    text = program.compile().as_text()
+    assert "flipjax_matmul_int8" in text
+    assert "convert" not in _s8_uses(text)  # never widened outside the kernel
+    np.testing.assert_allclose(
+        np.asarray(jax.jit(run)(x, qd, sd)), _scaled(x, q, scale), rtol=1e-5, atol=1e-5
+    )
+    # The references (and a GPU) take XLA's dot of the widened weight: the same product.
+    with dispatch.kernels("reference"):
+        ref = dispatch.quantized_matmul(jnp.asarray(x), q, scale, split=split)
+    np.testing.assert_allclose(np.asarray(ref), _scaled(x, q, scale), rtol=1e-5, atol=1e-5)
+
+
+def _s8_uses(hlo: str) -> str:
+    """The ops of every HLO line that reads an int8 array, apart from the kernels' calls."""
+    return " ".join(
+        line for line in hlo.splitlines() if "s8[" in line and "custom_call_target" not in line
+    )
+
+
+@pytest.mark.parametrize("mode", ["native", "reference"])
+def test_ragged_dot_scales_each_rows_product_by_its_groups_columns(mode):
+    sizes, k, n = [2, 0, 3, 1], 64, 200
+    x, q = _x(sum(sizes), k, 8), _int8((len(sizes), k, n), 9)
+    scale = np.random.default_rng(10).uniform(0.001, 0.02, (len(sizes), n)).astype(np.float32)
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    with dispatch.kernels(mode), head_parallel.across(one):
+        got = dispatch.ragged_dot(
+            jnp.asarray(x), q, jnp.asarray(sizes, jnp.int32), split="out", scale=scale
+        )
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    want = np.einsum("mk,mkn->mn", x.astype(np.float64), q[groups]) * scale[groups]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_quantized_matmul_refuses_an_unknown_split():
+    with pytest.raises(ValueError, match="split must be 'in' or 'out', got 'rows'"):
+        dispatch.quantized_matmul(
+            jnp.ones((1, 4)), jnp.ones((4, 4), jnp.int8), jnp.ones(4), split="rows"
+        )

@@ -1,0 +1,96 @@
+"""An int8 engine on every layout: the same tokens as the one-device int8 engine, through a
+live flip too (the flip moves int8 weights and their scales, never widened ones); no program
+widens an int8 weight outside the kernels; the weights take about a quarter of their fp32
+bytes on each device."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from flipjax import Engine, SamplingParams
+from tests.support.internals import parts
+
+OPTIONS = dict(num_pages=128, max_running_requests=4, max_prefill_tokens=32, quantization="int8")
+PROMPTS = [[(i * 13 + j) % 250 for i in range(40)] for j in range(2)]
+GREEDY = SamplingParams(temperature=0, max_tokens=10)
+
+
+def run(engine: Engine, flip_at: int | None = None, target: str = "") -> list[list[int]]:
+    ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
+    done, step = {}, 0
+    while engine.has_unfinished():
+        if step == flip_at:
+            engine.flip(target)
+        done.update({o.request_id: o for o in engine.step()})
+        step += 1
+    return [done[i].token_ids for i in ids]
+
+
+@pytest.fixture(scope="module")
+def straight() -> list[list[int]]:
+    return run(Engine.from_pretrained("tiny", **OPTIONS))
+
+
+def widened(hlo: str) -> list[str]:
+    """The lines of a compiled program that convert an int8 value to another type: every
+    value's type is read from its definition (or a computation's parameter list)."""
+    types = dict(re.findall(r"%?([\w.\-]+)(?: =|:) (\w+)\[", hlo))
+    found = []
+    for line in hlo.splitlines():
+        m = re.search(r"= (\w+)\[[^\]]*\]\S* convert\(%?([\w.\-]+)\)", line)
+        if m and types.get(m.group(2)) == "s8" and m.group(1) != "s8":
+            found.append(line.strip())
+    return found
+
+
+@pytest.mark.parametrize("layout", ["tp:2", "pp:4,4@2,2"])
+def test_every_layout_and_a_flip_give_the_one_device_tokens(straight, layout):
+    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
+    engine.arm("pp:5,3")
+    flat = nnx.to_flat_state(parts(engine).runner.binding.params)
+    specs = {".".join(map(str, k)): tuple(v.sharding.spec) for k, v in flat}
+    # Each device keeps the scales of its own columns; a row split keeps them whole.
+    assert specs["model.layers.3.self_attn.q_proj.scale"] == ("tp",)
+    assert specs["model.layers.3.self_attn.q_proj.kernel"] == (None, "tp")
+    assert specs["model.layers.3.self_attn.o_proj.scale"] in ((), (None,))
+    assert run(engine) == straight
+    assert run(engine, flip_at=3, target="pp:5,3") == straight
+    flat = nnx.to_flat_state(parts(engine).runner.binding.params)
+    leaves = {".".join(map(str, k)): v for k, v in flat}
+    # After the flip the int8 weights and their scales are still int8 and fp32.
+    experts = [n for n in leaves if n.endswith("experts.gate_proj")]
+    assert experts and all(leaves[n].dtype == jnp.int8 for n in experts)
+    assert all(leaves[n + "_scale"].dtype == jnp.float32 for n in experts)
+    engine.check()
+
+
+@pytest.mark.parametrize("layout", ["single", "tp:2", "pp:4,4@2,2"])
+def test_no_program_widens_an_int8_weight_outside_the_kernels(layout):
+    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
+    binding = parts(engine).runner.binding
+    for shape in [(4, 1), (1, 32)]:  # decode and prefill
+        step, _ = binding.programs(0, shape)
+        text = step.as_text()
+        assert "flipjax_matmul_int8" in text and "flipjax_ragged_matmul_int8" in text
+        assert widened(text) == [], shape
+
+
+def test_the_check_finds_a_widened_weight():
+    """The check itself, on XLA's own dot of a widened int8 weight."""
+    program = jax.jit(lambda x, q: x @ q.astype(jnp.float32)).lower(
+        jnp.ones((4, 64)), jnp.ones((64, 128), jnp.int8)
+    )
+    assert len(widened(program.compile().as_text())) == 1
+
+
+def test_the_weights_take_about_a_quarter_of_their_fp32_bytes():
+    fp32 = Engine.from_pretrained("tiny", num_pages=32).memory()
+    int8 = Engine.from_pretrained("tiny", num_pages=32, quantization="int8").memory()
+    (w32,) = [d.bytes["weights"] for d in fp32.devices]
+    (w8,) = [d.bytes["weights"] for d in int8.devices]
+    assert 0.2 < w8 / w32 < 0.45  # the head and embedding stay fp32
