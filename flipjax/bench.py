@@ -9,7 +9,8 @@ are served, reading on the engine thread vs on the store's worker), `multihost` 
 processes against one, and the plan broadcast's cost), `gpu` (the Pallas kernels against the
 XLA references on an accelerator: kernel checks, decode, a long prefill, a flip), `matmul`
 (the native small-batch matmul against XLA's dot, per weight shape and row count), `memory`
-(each layout's per-device ledger and KV capacity under unequal budgets, and flip peaks). Each
+(each layout's per-device ledger and KV capacity under unequal budgets, and flip peaks), `quant`
+(int8 weights against the unquantized checkpoint: logits, greedy agreement, decode speed). Each
 reports ratios, since a single absolute time on a shared machine means little.
 """
 
@@ -29,6 +30,7 @@ BENCHMARKS = (
     "gpu",
     "matmul",
     "memory",
+    "quant",
 )
 
 
@@ -56,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.matmul import main as run
     elif argv[0] == "memory":
         from flipjax.benchmarks.ledger import main as run
+    elif argv[0] == "quant":
+        from flipjax.benchmarks.quant import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

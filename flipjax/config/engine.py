@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flipjax.config.option import option
-from flipjax.model.config import DTYPE_NAMES, ModelConfig
-from flipjax.model.quantize import QUANTIZATIONS, check_quantization
+from flipjax.model.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig, check_quantization
 from flipjax.runtime.hybrid import check_interval, default_interval
 from sharding.budgets import parse_size, parse_sizes
 

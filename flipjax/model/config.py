@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from flipjax.model.checkpoint_quantization import refuse_quantized
+
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 LAYER_TYPES = (FULL_ATTENTION, LINEAR_ATTENTION)
@@ -20,6 +22,16 @@ LAYER_TYPES = (FULL_ATTENTION, LINEAR_ATTENTION)
 # The parameter dtypes flipjax runs (`flipjax.model.dtypes` maps them to jax's; named here,
 # where reading them needs no jax).
 DTYPE_NAMES = ("float32", "bfloat16")
+# `--quantization`: what `flipjax.model.quantize` does to the weights at load.
+QUANTIZATIONS = ("int8",)
+
+
+def check_quantization(method: str | None) -> None:
+    if method is not None and method not in QUANTIZATIONS:
+        raise ValueError(
+            f"quantization: {method!r} is not supported; use one of {QUANTIZATIONS} "
+            "(or none for the checkpoint's own dtype)"
+        )
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,7 @@ def _fields_from_hf(raw: dict[str, Any]) -> dict[str, Any]:
     model_type = raw.get("model_type")
     if model_type != "qwen3_next":
         raise ValueError(f"model_type: expected 'qwen3_next', got {model_type!r}")
+    refuse_quantized(raw)
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if name not in raw:
             raise ValueError(f"{name}: required field missing from config")

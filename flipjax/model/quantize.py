@@ -22,11 +22,11 @@ from __future__ import annotations
 import numpy as np
 from flax import nnx
 
+from flipjax.model.config import check_quantization
 from flipjax.model.layers import Linear
 from flipjax.model.mlp import Qwen3NextExperts
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 
-QUANTIZATIONS = ("int8",)
 INT8_MAX = 127
 # The projections that are quantized, and what a TP layout splits of each: its output columns
 # ("out", column-parallel) or its input rows ("in", row-parallel, the partial products summed).
@@ -42,14 +42,6 @@ SPLITS = {
     "down_proj": "in",
 }
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-
-def check_quantization(method: str | None) -> None:
-    if method is not None and method not in QUANTIZATIONS:
-        raise ValueError(
-            f"quantization: {method!r} is not supported; use one of {QUANTIZATIONS} "
-            "(or none for the checkpoint's own dtype)"
-        )
 
 
 def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,8 @@ flipjax's int8 engine (the native kernels on, widening int8 as they read it) to 
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,3 +115,33 @@ def test_the_projections_are_int8_and_the_head_router_and_gates_are_not(tmp_path
 def test_an_unknown_quantization_is_refused_by_name():
     with pytest.raises(ValueError, match="quantization: 'int4' is not supported; use one of"):
         Engine.from_pretrained("tiny", quantization="int4")
+
+
+@pytest.mark.parametrize(
+    "qc,named",
+    [
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, "gptq, 4-bit weights"),
+        ({"quant_method": "awq", "bits": 4, "version": "gemm"}, "awq, 4-bit weights"),
+        ({"quant_method": "fp8", "fmt": "e4m3"}, "fp8, e4m3 weights"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes, 4-bit"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "config_groups": {
+                    "group_0": {
+                        "weights": {"num_bits": 4, "type": "int", "strategy": "group"},
+                        "targets": ["Linear"],
+                    }
+                },
+            },
+            r"compressed-tensors, int 4-bit weights \(group\), format pack-quantized",
+        ),
+    ],
+)
+def test_a_checkpoint_stored_quantized_is_refused_naming_its_format(qc, named, tmp_path):
+    make_checkpoint(str(tmp_path), seed=0)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": qc}))
+    with pytest.raises(ValueError, match=f"stored quantized \\({named}"):
+        Engine.from_pretrained(str(tmp_path))
