@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__FMA__) || defined(__AVX512F__)
+#if defined(__FMA__) || defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -53,11 +53,24 @@ inline Vec Load(const Bf16* p) {
   return v;
 }
 
-// An int8 is an integer of at most 8 bits, so its float is exact.
+// An int8 is an integer of at most 8 bits, so its float is exact. Sign-extended to 32 bits and
+// converted by the vector instructions: GCC's generic conversion of a byte vector to floats
+// ran the int8 product at a third of the fp32 one's rate (48 against 150 GFLOP/s at 32 rows).
 inline Vec Load(const int8_t* p) {
+#if defined(__AVX512F__)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+#elif defined(__AVX2__)
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+#else
   Bytes b;
   std::memcpy(&b, p, sizeof b);
-  return __builtin_convertvector(b, Vec);
+  const Vec f = __builtin_convertvector(b, Vec);
+#endif
+  Vec v;
+  std::memcpy(&v, &f, sizeof v);
+  return v;
 }
 
 // acc + s * w, rounded once where the CPU has FMA, wherever the compiler would put it.

@@ -27,3 +27,24 @@ def xla_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
         rows = jnp.concatenate([rows, rows])
     y = jnp.einsum("ri,io->ro", rows, w, preferred_element_type=jnp.float32)[:n]
     return y.astype(x.dtype).reshape(*x.shape[:-1], w.shape[1])
+
+
+def xla_int8_matmul(x: jax.Array, q: jax.Array, max_blocks: int = 8) -> jax.Array:
+    """x [M, K] @ q [K, N] (int8) by XLA's dot, in x's dtype accumulated in fp32, float32.
+
+    XLA's dot takes the weight in x's dtype, so the weight is widened a block of columns at a
+    time inside a loop: the widened copy alive at once is one block (a `max_blocks`-th of the
+    weight where N splits that way), never the whole weight. Out of a loop XLA would widen
+    every block before the first product.
+    """
+    n = q.shape[1]
+    blocks = next(b for b in (max_blocks, 4, 2, 1) if n % b == 0 and b <= max_blocks)
+    width = n // blocks
+
+    def block(j: jax.Array, y: jax.Array) -> jax.Array:
+        part = jax.lax.dynamic_slice_in_dim(q, j * width, width, axis=1).astype(x.dtype)
+        product = jnp.einsum("ri,io->ro", x, part, preferred_element_type=jnp.float32)
+        return jax.lax.dynamic_update_slice_in_dim(y, product, j * width, axis=1)
+
+    y = jnp.zeros((x.shape[0], n), jnp.float32)
+    return jax.lax.fori_loop(0, blocks, block, y) if blocks > 1 else block(0, y)

@@ -10,6 +10,7 @@ The oracle is numpy's float64 product of the int8 values.
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from kernels_pallas import dispatch, head_parallel, native
 from kernels_pallas.matmul import native_binding as matmul_native
+from kernels_pallas.matmul.xla_form import xla_int8_matmul
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
 
 
@@ -76,11 +78,13 @@ def _scaled(x: np.ndarray, q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return (x.astype(np.float64) @ q.astype(np.float64)) * scale
 
 
+# 6 rows: the kernel; 64 rows: past the suite's pinned native rows, XLA's GEMM on blocks.
+@pytest.mark.parametrize("rows", [6, 64])
 @pytest.mark.parametrize("split", ["out", "in"])
 @pytest.mark.parametrize("devices", [1, 2, 4])
-def test_quantized_matmul_runs_the_kernel_per_device_and_scales_each_column(split, devices):
+def test_quantized_matmul_runs_per_device_and_scales_each_column(rows, split, devices):
     k, n = 256, 384
-    x, q = _x(6, k, 5), _int8((k, n), 6)
+    x, q = _x(rows, k, 5), _int8((k, n), 6)
     scale = np.random.default_rng(7).uniform(0.001, 0.02, n).astype(np.float32)
     mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
     # The weight and scales sharded as the TP layout shards them (`sharding.layout.tp_rule`).
@@ -92,10 +96,9 @@ def test_quantized_matmul_runs_the_kernel_per_device_and_scales_each_column(spli
         with dispatch.kernels("native"), head_parallel.across(mesh):
             return dispatch.quantized_matmul(x, q, s, split=split)
 
-    program = jax.jit(run).lower(x, qd, sd)
-    text = program.compile().as_text()
-    assert "flipjax_matmul_int8" in text
-    assert "convert" not in _s8_uses(text)  # never widened outside the kernel
+    text = jax.jit(run).lower(x, qd, sd).compile().as_text()
+    assert ("flipjax_matmul_int8" in text) == (rows == 6)
+    assert widened_whole(text) == []
     np.testing.assert_allclose(
         np.asarray(jax.jit(run)(x, qd, sd)), _scaled(x, q, scale), rtol=1e-5, atol=1e-5
     )
@@ -105,10 +108,30 @@ def test_quantized_matmul_runs_the_kernel_per_device_and_scales_each_column(spli
     np.testing.assert_allclose(np.asarray(ref), _scaled(x, q, scale), rtol=1e-5, atol=1e-5)
 
 
-def _s8_uses(hlo: str) -> str:
-    """The ops of every HLO line that reads an int8 array, apart from the kernels' calls."""
-    return " ".join(
-        line for line in hlo.splitlines() if "s8[" in line and "custom_call_target" not in line
+def widened_whole(hlo: str) -> list[str]:
+    """Converts in a compiled program whose result has the shape of one of its int8 inputs."""
+    entry = hlo[hlo.index("ENTRY") :].split("\n", 1)[0]
+    weights = set(re.findall(r"s8\[([\d,]+)\]", entry))
+    lines = hlo.splitlines()
+    return [
+        line
+        for line in lines
+        if (m := re.search(r"= \w+\[([\d,]*)\]\S* convert\(", line)) and m.group(1) in weights
+    ]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_xlas_int8_gemm_widens_one_block_at_a_time_and_gives_the_product(dtype):
+    x, q = _x(64, 128, 11), _int8((128, 512), 12)
+    program = jax.jit(xla_int8_matmul).lower(jnp.asarray(x, dtype), q).compile().as_text()
+    assert widened_whole(program) == [] and "while" in program
+    widened = re.findall(r"= \w+\[([\d,]*)\]\S* convert\(", program)
+    assert "128,64" in widened  # a block: an eighth of the columns
+    got = np.asarray(xla_int8_matmul(jnp.asarray(x, dtype), q))
+    xd = np.asarray(jnp.asarray(x, dtype).astype(jnp.float32), np.float64)
+    np.testing.assert_allclose(got, xd @ q.astype(np.float64), rtol=1e-5, atol=1e-3)
+    assert widened_whole(
+        jax.jit(lambda x, q: x @ q.astype(x.dtype)).lower(x, q).compile().as_text()
     )
 
 
