@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from flipjax.model.checkpoint_quantization import stored_int8_of
 from flipjax.model.config import ModelConfig
 from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
+from flipjax.model.quantize import attach_scales
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_model
 from flipjax.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -47,10 +50,16 @@ def load(path: str, dtype: jnp.dtype, layout: str | None = None) -> Loaded:
         if placement is not None and jax.process_count() > 1:
             shardings = placement.param_shardings(abstract)
         params = restore_params(path, cfg, abstract, shardings)
+        scales: dict[str, np.ndarray] = {}
     else:
-        params = load_params(path, cfg, abstract, dtype, on_device=False)
+        scales = {}
+        params = load_params(path, cfg, abstract, dtype, on_device=False, scales=scales)
+    model = nnx.merge(graphdef, params)
+    stored = None if is_orbax(path) else stored_int8_of(path)
+    # Weights the checkpoint stores int8 stay int8 (W8A8: with its activation rounding).
+    attach_scales(model, scales, activations=stored is not None and stored.activations)
     tokenizer = load_tokenizer(path, cfg.eos_token_id)
-    return Loaded(nnx.merge(graphdef, params), tokenizer, os.path.basename(os.path.normpath(path)))
+    return Loaded(model, tokenizer, os.path.basename(os.path.normpath(path)))
 
 
 def model_fingerprint(path: str) -> str:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from flipjax.model.checkpoint_quantization import refuse_quantized
+from flipjax.model.checkpoint_quantization import stored_int8
 
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
@@ -122,7 +122,7 @@ def _fields_from_hf(raw: dict[str, Any]) -> dict[str, Any]:
     model_type = raw.get("model_type")
     if model_type != "qwen3_next":
         raise ValueError(f"model_type: expected 'qwen3_next', got {model_type!r}")
-    refuse_quantized(raw)
+    stored_int8(raw)  # refuses a stored quantization flipjax does not load
     for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if name not in raw:
             raise ValueError(f"{name}: required field missing from config")

@@ -28,8 +28,9 @@ def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float
 class Linear(nnx.Module):
     """Bias-free linear layer; kernel: [in, out] (the checkpoint's `weight`, transposed).
 
-    Quantized (`flipjax.model.quantize`), the kernel is int8 with `scale` [out] beside it, and
-    `split` says which of its dimensions a TP layout splits ("out" or "in")."""
+    Quantized (`flipjax.model.quantize`), the kernel is int8 with `scale` [out] beside it,
+    `split` says which of its dimensions a TP layout splits ("out" or "in"), and a W8A8
+    checkpoint's `int8_activations` rounds each token's input to int8 first."""
 
     def __init__(self, in_features: int, out_features: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         # Drawn as [out, in] and transposed, so a seed gives the weights it always gave.
@@ -37,10 +38,13 @@ class Linear(nnx.Module):
         self.kernel = nnx.Param(w.T)
         self.scale: nnx.Param | None = nnx.data(None)
         self.split: str | None = None
+        self.int8_activations = False  # W8A8: round each token's input to int8 first
 
     def __call__(self, x: jax.Array) -> jax.Array:
         w = self.kernel[...]
         if self.scale is not None:
+            if self.int8_activations:
+                x = dispatch.round_tokens_to_int8(x)
             return dispatch.quantized_matmul(x, w, self.scale[...], split=self.split or "out")
         num_rows = math.prod(x.shape[:-1])
         native = dispatch.matmul(num_rows, w.shape[1], w.dtype)

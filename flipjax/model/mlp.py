@@ -46,6 +46,7 @@ class Qwen3NextExperts(nnx.Module):
         self.gate_proj_scale: nnx.Param | None = nnx.data(None)
         self.up_proj_scale: nnx.Param | None = nnx.data(None)
         self.down_proj_scale: nnx.Param | None = nnx.data(None)
+        self.int8_activations = False  # W8A8: round each token's input to int8 first
 
     def __call__(self, x: jax.Array, top_idx: jax.Array, top_w: jax.Array) -> jax.Array:
         """x: [N, H]; top_idx, top_w: [N, k]. Returns sum_k w * expert_k(x): [N, H]."""
@@ -66,6 +67,8 @@ class Qwen3NextExperts(nnx.Module):
     def _project(self, name: str, x: jax.Array, group_sizes: jax.Array, split: str) -> jax.Array:
         scale = getattr(self, f"{name}_scale")
         scale = None if scale is None else scale[...]
+        if scale is not None and self.int8_activations:
+            x = dispatch.round_tokens_to_int8(x)
         return dispatch.ragged_dot(
             x, getattr(self, name)[...], group_sizes, split=split, scale=scale
         )

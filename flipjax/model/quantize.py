@@ -78,3 +78,25 @@ def quantize_model(model: Qwen3NextForCausalLM, method: str | None) -> Qwen3Next
                 setattr(module, proj, nnx.Param(q))
                 setattr(module, f"{proj}_scale", nnx.Param(scale))
     return out
+
+
+def attach_scales(
+    model: Qwen3NextForCausalLM, scales: dict[str, np.ndarray], activations: bool = False
+) -> None:
+    """Give the weights a checkpoint stored int8 (loaded as int8 kernels) their scales, by the
+    names `int8_checkpoint.scale_name` gives them; every scale must find its weight. With
+    `activations` (W8A8), each token's input to those weights is rounded to int8 first."""
+    left = dict(scales)
+    for path, module in nnx.iter_modules(model):
+        prefix = ".".join(map(str, path))
+        if isinstance(module, Linear) and f"{prefix}.scale" in left:
+            module.scale = nnx.Param(left.pop(f"{prefix}.scale"))
+            module.split = SPLITS.get(str(path[-1]), "out")
+            module.int8_activations = activations
+        elif isinstance(module, Qwen3NextExperts):
+            for proj in EXPERT_PROJECTIONS:
+                if f"{prefix}.{proj}_scale" in left:
+                    setattr(module, f"{proj}_scale", nnx.Param(left.pop(f"{prefix}.{proj}_scale")))
+                    module.int8_activations = activations
+    if left:
+        raise ValueError(f"int8 scales without a weight: {', '.join(sorted(left))}")

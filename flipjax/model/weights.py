@@ -20,6 +20,7 @@ from flax import nnx
 from safetensors import safe_open
 from tqdm import tqdm
 
+from flipjax.model import int8_checkpoint
 from flipjax.model.config import ModelConfig
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -78,10 +79,13 @@ class _Reader:
         return self._handles[file]
 
 
-def _sources(name: str, shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Checkpoint tensors (and their expected shapes) that make up one model parameter."""
+def _sources(
+    name: str, shape: tuple[int, ...], available: set[str]
+) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Checkpoint tensors (and their expected shapes) that make up one model parameter. A
+    weight stored int8 (`int8_checkpoint`) brings its scale and, packed, its shape."""
     if name.endswith(_KERNEL):
-        yield name.removesuffix(_KERNEL) + ".weight", (shape[1], shape[0])
+        yield from int8_checkpoint.sources(name.removesuffix(_KERNEL), shape, available)
         return
     match = _EXPERT.match(name)
     if match is None:
@@ -90,7 +94,7 @@ def _sources(name: str, shape: tuple[int, ...]) -> Iterator[tuple[str, tuple[int
     prefix, proj = match.groups()
     # Ours is [E, in, out]; the checkpoint has one [out, in] tensor per expert.
     for e in range(shape[0]):
-        yield f"{prefix}.{e}.{proj}.weight", (shape[2], shape[1])
+        yield from int8_checkpoint.sources(f"{prefix}.{e}.{proj}", shape[1:], available)
 
 
 def load_params(
@@ -100,11 +104,14 @@ def load_params(
     dtype: jnp.dtype,
     on_device: bool = True,
     progress: bool = False,
+    scales: dict[str, np.ndarray] | None = None,
 ) -> nnx.State:
     """Fill `abstract` (an eval_shape'd NNX state) from the safetensors files under `path`.
 
     Every problem is found before anything is read. `on_device=False` keeps host (numpy)
-    arrays, for conversion; `progress` shows a bar over the tensors.
+    arrays, for conversion; `progress` shows a bar over the tensors. Weights stored int8 are
+    kept int8, their scales put in `scales` by the name of their `Linear.scale` or experts'
+    `<proj>_scale` (`flipjax.model.quantize.attach_scales`); without `scales` they are refused.
     """
     reader = _Reader(_tensor_files(path))
     available = set(reader.files)
@@ -116,7 +123,7 @@ def load_params(
     for key_path, leaf in leaves:
         name = param_name(key_path)
         parts = []
-        for src, want in _sources(name, tuple(leaf.shape)):
+        for src, want in _sources(name, tuple(leaf.shape), available):
             parts.append(src)
             if src not in available:
                 missing.append(src)
@@ -134,6 +141,9 @@ def load_params(
         problems.append(f"wrongly shaped tensors: {', '.join(misshaped)}")
     if unexpected:
         problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+    stored_int8 = any(int8_checkpoint.is_scale(n) for n in used)
+    if stored_int8 and scales is None:
+        problems.append("its weights are stored int8, which this reader does not convert")
     if problems:
         raise WeightsError(f"checkpoint {path} does not match its config: " + "; ".join(problems))
 
@@ -141,10 +151,20 @@ def load_params(
     todo = zip(leaves, plan, strict=True)
     for (key_path, _), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
         name = param_name(key_path)
-        if name.endswith(_KERNEL):
-            host = np.ascontiguousarray(reader.read(parts[0]).T)
-        elif _EXPERT.match(name):
-            host = np.stack([reader.read(p).T for p in parts])
+        if name.endswith(_KERNEL) or _EXPERT.match(name):
+            try:
+                weights = int8_checkpoint.read_weights(reader.read, parts)
+            except ValueError as e:
+                raise WeightsError(f"checkpoint {path}: {e}") from e
+            host = np.ascontiguousarray(np.stack([w.T for w, _ in weights]))
+            host = host if _EXPERT.match(name) else host[0]
+            if weights[0][1] is not None and scales is not None:  # stays int8
+                scale = np.stack([s for _, s in weights])
+                scales[int8_checkpoint.scale_name(name)] = (
+                    scale if _EXPERT.match(name) else scale[0]
+                )
+                arrays.append(jnp.asarray(host) if on_device else host)
+                continue
         else:
             host = reader.read(parts[0])
         arrays.append(jnp.asarray(host, dtype=dtype) if on_device else host.astype(dtype))

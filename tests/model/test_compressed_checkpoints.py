@@ -1,0 +1,93 @@
+"""Checkpoints stored int8 in the compressed-tensors format (as llm-compressor writes them) load
+with their weights still int8, and give the logits and tokens transformers gives loading the
+same folder through compressed-tensors; schemes flipjax does not run are refused by name.
+
+W8A16 (`pack-quantized`) is held to transformers within fp32 rounding. W8A8 (`int-quantized`)
+rounds each token's activations to int8 on the fly, a step function: a last-bit difference in
+an activation can move it by a step, so its logits are held to a looser bound, and to being far
+closer than the same weights without the activation rounding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from transformers import Qwen3NextForCausalLM
+
+from flipjax import Engine
+from tests.support.compressed import int8_checkpoint
+from tests.support.internals import params, prompt_logits
+
+PROMPT = [5, 17, 99, 3, 42, 7, 64, 1, 88, 23, 11, 120, 9, 33, 71, 2, 45, 60, 12, 101]
+
+
+def _reference(folder: str) -> tuple[np.ndarray, list[int]]:
+    hf = Qwen3NextForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([PROMPT])).logits[0].float().numpy()
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)
+    return logits, out[0, len(PROMPT) :].tolist()
+
+
+@pytest.mark.parametrize("fmt,activations", [("pack-quantized", False), ("int-quantized", True)])
+def test_an_int8_checkpoint_gives_transformers_logits_and_tokens(fmt, activations, tmp_path):
+    int8_checkpoint(str(tmp_path), fmt, activations)
+    want_logits, want_tokens = _reference(str(tmp_path))
+    engine = Engine.from_pretrained(str(tmp_path))
+    flat = nnx.to_flat_state(params(engine))
+    dtypes = {".".join(map(str, k)): v.dtype for k, v in flat}
+    assert dtypes["model.layers.0.linear_attn.in_proj_qkvz.kernel"] == jnp.int8
+    assert dtypes["model.layers.3.self_attn.o_proj.scale"] == jnp.float32
+    assert dtypes["model.layers.0.linear_attn.in_proj_ba.kernel"] == jnp.float32
+    got = prompt_logits(engine, PROMPT)
+    bound = 0.08 if activations else 1e-4
+    np.testing.assert_allclose(got, want_logits, atol=bound, rtol=0)
+    assert engine.generate([PROMPT], max_new_tokens=8)[0].token_ids == want_tokens
+
+
+@pytest.mark.parametrize(
+    "fmt,weights,named",
+    [
+        ("pack-quantized", dict(strategy="group", group_size=32), r"int 8-bit weights \(group\)"),
+        ("pack-quantized", dict(num_bits=4), r"int 4-bit weights \(channel\)"),
+        ("int-quantized", dict(symmetric=False), r"int 8-bit weights \(channel\)"),
+    ],
+)
+def test_other_compressed_schemes_are_refused_by_name(fmt, weights, named, tmp_path):
+    int8_checkpoint(str(tmp_path), fmt, False, weights=weights)
+    with pytest.raises(ValueError, match=f"stored quantized \\(compressed-tensors, {named}"):
+        Engine.from_pretrained(str(tmp_path))
+
+
+def test_an_int8_weight_without_int8_values_is_refused(tmp_path):
+    int8_checkpoint(str(tmp_path), "int-quantized", False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "int-quantized"
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    name = "model.layers.3.self_attn.q_proj.weight"
+    tensors[name] = tensors[name].astype(np.float32)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"{name}: has a weight_scale but is float32, not int8"):
+        Engine.from_pretrained(str(tmp_path))
+
+
+def test_token_rounding_is_compressed_tensors_own_bit_for_bit():
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp
+
+    from kernels_pallas.dispatch import round_tokens_to_int8
+
+    args = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
+    x = torch.randn(1, 64, 256) * torch.rand(1, 64, 1) * 10
+    scale, zero = compute_dynamic_scales_and_zp(x, args, module=torch.nn.Identity())
+    want = fake_quantize(x, scale, zero, args).numpy()
+    got = np.asarray(round_tokens_to_int8(jnp.asarray(x.numpy())))
+    np.testing.assert_array_equal(got, want)

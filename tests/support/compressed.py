@@ -1,0 +1,57 @@
+"""Tiny Qwen3-Next checkpoints quantized by compressed-tensors' own tools, as llm-compressor
+writes them: per-output-channel symmetric int8 weights (scales from the library's own
+`calculate_qparams`), W8A16 or W8A8, in the library's `int-quantized` or `pack-quantized`
+format, with the head, router, gates and GDN `in_proj_ba` left unquantized."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from compressed_tensors.compressors import ModelCompressor
+from compressed_tensors.quantization import (
+    QuantizationArgs,
+    QuantizationConfig,
+    QuantizationScheme,
+    apply_quantization_config,
+)
+from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+from tests.support.hf_oracle import make_checkpoint
+
+IGNORE = ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$", "re:.*in_proj_ba$"]
+
+
+def int8_checkpoint(
+    folder: str,
+    fmt: str,
+    activations: bool,
+    seed: int = 3,
+    weights: dict[str, Any] | None = None,
+    **config: Any,
+) -> None:
+    """Save a random model to `folder`, quantized (`weights` overrides the weight scheme)."""
+    hf = make_checkpoint(folder, seed=seed, **config)
+    w = QuantizationArgs(
+        **{"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, **(weights or {})}
+    )
+    a = None
+    if activations:
+        a = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
+    scheme = QuantizationScheme(targets=["Linear"], weights=w, input_activations=a)
+    apply_quantization_config(
+        hf, QuantizationConfig(config_groups={"group_0": scheme}, ignore=IGNORE)
+    )
+    with torch.no_grad():
+        for module in hf.modules():
+            if hasattr(module, "weight_scale"):
+                # One range per output channel, or per group of a channel's inputs.
+                rows = module.weight.reshape(*module.weight_scale.shape, -1)
+                lo, hi = rows.amin(dim=-1), rows.amax(dim=-1)
+                scale, zero = calculate_qparams(lo, hi, w)
+                module.weight_scale.copy_(scale.reshape(module.weight_scale.shape))
+                module.weight_zero_point.copy_(zero.reshape(module.weight_zero_point.shape))
+    compressor = ModelCompressor.from_pretrained_model(hf, quantization_format=fmt)
+    compressor.compress_model(hf)
+    hf.save_pretrained(folder)
+    compressor.update_config(folder)
