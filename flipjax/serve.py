@@ -171,6 +171,9 @@ def _open_store(config: FlipjaxConfig, log: logging.Logger) -> tuple[Any, Any, A
         cfg, weights_id = tiny_config(), f"tiny-seed-{TINY_SEED}"
     else:
         cfg, weights_id = ModelConfig.from_hf(model), files_fingerprint(model)
+    if config.model.quantization is not None:
+        # Weights quantized at load compute other KV than the files' own: another model.
+        weights_id += f"+{config.model.quantization}"
     page_size = config.engine.page_size
     grid = config.cache.gdn_checkpoint_interval or default_interval(page_size)
     remote_url, secret = st.remote_store, st.store_secret

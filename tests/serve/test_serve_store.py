@@ -120,3 +120,16 @@ def test_store_flags_reach_the_tiers(tmp_path):
     assert bridge.store.disk.min_free_bytes == control.min_free_bytes == 2**29
     assert bridge.store.remote is None and config.cache.prefetch_wait_s == 0.25
     bridge.store.close()
+
+
+def test_weights_quantized_at_load_are_another_model_to_the_store(tmp_path):
+    """KV computed with int8 weights is never served to the unquantized model, or back."""
+    from flipjax.serve import _open_store, parse_args
+
+    folders = set()
+    for extra in ([], ["--quantization", "int8"]):
+        config = parse_args(["--store-dir", str(tmp_path), "--disk-cache-gb", "1", *extra])
+        bridge, _, _ = _open_store(config, logging.getLogger("test"))
+        folders.add((bridge.store.disk.root, bridge.store.disk.identity))
+        bridge.store.close()
+    assert len(folders) == 2
