@@ -10,6 +10,7 @@ from flipjax import Engine, SamplingParams
 from flipjax.runtime.buckets import pages_for
 from sharding.flip import FlipError
 from store.open import open_store
+from tests.support.flip_runs import run_with_flip
 from tests.support.internals import parts
 from tests.support.pool_checks import assert_pools_returned
 
@@ -19,14 +20,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
 
 def run(engine: Engine, flip_at: int | None, target: str) -> list[list[int]]:
-    ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
-    done, step = {}, 0
-    while engine.has_unfinished():
-        if step == flip_at:
-            engine.flip(target)
-        done.update({o.request_id: o for o in engine.step()})
-        step += 1
-    return [done[i].token_ids for i in ids]
+    return run_with_flip(engine, PROMPTS, GREEDY, flip_at, target)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from flipjax import Engine, SamplingParams
+from tests.support.flip_runs import run_with_flip
 from tests.support.internals import parts
 
 OPTIONS = dict(num_pages=128, max_running_requests=4, max_prefill_tokens=32, quantization="int8")
@@ -21,14 +22,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
 
 def run(engine: Engine, flip_at: int | None = None, target: str = "") -> list[list[int]]:
-    ids = [engine.add_request(p, GREEDY) for p in PROMPTS]
-    done, step = {}, 0
-    while engine.has_unfinished():
-        if step == flip_at:
-            engine.flip(target)
-        done.update({o.request_id: o for o in engine.step()})
-        step += 1
-    return [done[i].token_ids for i in ids]
+    return run_with_flip(engine, PROMPTS, GREEDY, flip_at, target)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
 from tests.support.hf_oracle import make_checkpoint
 
+CHANNEL_INT8 = dict(num_bits=8, type="int", strategy="channel", symmetric=True)
 IGNORE = ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$", "re:.*in_proj_ba$"]
 
 
@@ -32,9 +33,7 @@ def int8_checkpoint(
 ) -> None:
     """Save a random model to `folder`, quantized (`weights` overrides the weight scheme)."""
     hf = make_checkpoint(folder, seed=seed, **config)
-    w = QuantizationArgs(
-        **{"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True, **(weights or {})}
-    )
+    w = QuantizationArgs(**{**CHANNEL_INT8, **(weights or {})})
     a = None
     if activations:
         a = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
