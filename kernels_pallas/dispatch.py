@@ -198,7 +198,8 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
     count (XLA's dot would first write the whole weight out in a float type, every call); under
     `head_parallel.across` it runs per device over q's shard, `split` naming the dimension the
     TP layout splits ("out": columns; "in": rows, the partial products summed over the mesh).
-    Elsewhere (a GPU's fused dot, or the references) XLA's dot takes the widened weight.
+    Elsewhere XLA's dot takes the widened weight: a block of columns at a time on the CPU
+    (`xla_int8_matmul`), and on a GPU whole, where the widening fuses into the GEMM.
     """
     if split not in ("in", "out"):
         raise ValueError(f"quantized_matmul: split must be 'in' or 'out', got {split!r}")
@@ -209,6 +210,8 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
         if mesh is not None:
             kernel = head_parallel.matmul(kernel, mesh, split, q.shape)
         y = kernel(rows, q)
+    elif jax.default_backend() == "cpu":
+        y = xla_int8_matmul(rows, q)
     else:
         y = xla_matmul(rows, q.astype(x.dtype)).astype(jnp.float32)
     y = y * scale.astype(jnp.float32)

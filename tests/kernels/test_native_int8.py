@@ -10,7 +10,6 @@ The oracle is numpy's float64 product of the int8 values.
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ from kernels_pallas import dispatch, head_parallel, native
 from kernels_pallas.matmul import native_binding as matmul_native
 from kernels_pallas.matmul.xla_form import xla_int8_matmul
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
+from tests.support.hlo_checks import widened_whole
 
 
 def _int8(shape: tuple[int, ...], seed: int) -> np.ndarray:
@@ -106,18 +106,6 @@ def test_quantized_matmul_runs_per_device_and_scales_each_column(rows, split, de
     with dispatch.kernels("reference"):
         ref = dispatch.quantized_matmul(jnp.asarray(x), q, scale, split=split)
     np.testing.assert_allclose(np.asarray(ref), _scaled(x, q, scale), rtol=1e-5, atol=1e-5)
-
-
-def widened_whole(hlo: str) -> list[str]:
-    """Converts in a compiled program whose result has the shape of one of its int8 inputs."""
-    entry = hlo[hlo.index("ENTRY") :].split("\n", 1)[0]
-    weights = set(re.findall(r"s8\[([\d,]+)\]", entry))
-    lines = hlo.splitlines()
-    return [
-        line
-        for line in lines
-        if (m := re.search(r"= \w+\[([\d,]*)\]\S* convert\(", line)) and m.group(1) in weights
-    ]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

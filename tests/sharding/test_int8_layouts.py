@@ -1,11 +1,8 @@
 """An int8 engine on every layout: the same tokens as the one-device int8 engine, through a
 live flip too (the flip moves int8 weights and their scales, never widened ones); no program
-widens an int8 weight outside the kernels; the weights take about a quarter of their fp32
-bytes on each device."""
+widens a whole int8 weight; the weights take about a quarter of their fp32 bytes."""
 
 from __future__ import annotations
-
-import re
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +11,7 @@ from flax import nnx
 
 from flipjax import Engine, SamplingParams
 from tests.support.flip_runs import run_with_flip
+from tests.support.hlo_checks import widened_whole
 from tests.support.internals import parts
 
 OPTIONS = dict(num_pages=128, max_running_requests=4, max_prefill_tokens=32, quantization="int8")
@@ -21,41 +19,36 @@ PROMPTS = [[(i * 13 + j) % 250 for i in range(40)] for j in range(2)]
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
 
-def run(engine: Engine, flip_at: int | None = None, target: str = "") -> list[list[int]]:
-    return run_with_flip(engine, PROMPTS, GREEDY, flip_at, target)
-
-
 @pytest.fixture(scope="module")
-def straight() -> list[list[int]]:
-    return run(Engine.from_pretrained("tiny", **OPTIONS))
+def single() -> Engine:
+    return Engine.from_pretrained("tiny", **OPTIONS)
 
 
-def widened(hlo: str) -> list[str]:
-    """The lines of a compiled program that widen a whole int8 weight: a convert whose result
-    has the shape of an int8 parameter of the program (a block of one is allowed: XLA's GEMM
-    widens prefill's weights a block of columns at a time)."""
-    entry = hlo[hlo.index("ENTRY") :].split("\n", 1)[0]
-    weights = set(re.findall(r"s8\[([\d,]+)\]", entry))
-    found = []
-    for line in hlo.splitlines():
-        m = re.search(r"= \w+\[([\d,]*)\]\S* convert\(", line)
-        if m and m.group(1) in weights:
-            found.append(line.strip())
-    return found
+def assert_int8_is_read_as_int8(engine: Engine) -> None:
+    binding = parts(engine).runner.binding
+    for shape in [(4, 1), (1, 64)]:  # decode and prefill
+        step, _ = binding.programs(0, shape)
+        text = step.as_text()
+        assert "flipjax_ragged_matmul_int8" in text  # the experts: the kernel at every size
+        # The projections: the kernel at decode's rows, XLA's GEMM a block at a time beyond.
+        assert ("flipjax_matmul_int8" in text) == (shape[1] == 1), shape
+        assert widened_whole(text) == [], shape
 
 
-@pytest.mark.parametrize("layout", ["tp:2", "pp:4,4@2,2"])
-def test_every_layout_and_a_flip_give_the_one_device_tokens(straight, layout):
-    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
-    engine.arm("pp:5,3")
+def test_tp_and_a_flip_to_a_pipeline_give_the_one_device_tokens(single):
+    straight = run_with_flip(single, PROMPTS, GREEDY)
+    assert_int8_is_read_as_int8(single)
+    engine = Engine.from_pretrained("tiny", layout="tp:2", **OPTIONS)
+    engine.arm("pp:4,4@2,2")
     flat = nnx.to_flat_state(parts(engine).runner.binding.params)
     specs = {".".join(map(str, k)): tuple(v.sharding.spec) for k, v in flat}
     # Each device keeps the scales of its own columns; a row split keeps them whole.
     assert specs["model.layers.3.self_attn.q_proj.scale"] == ("tp",)
     assert specs["model.layers.3.self_attn.q_proj.kernel"] == (None, "tp")
     assert specs["model.layers.3.self_attn.o_proj.scale"] in ((), (None,))
-    assert run(engine) == straight
-    assert run(engine, flip_at=3, target="pp:5,3") == straight
+    assert_int8_is_read_as_int8(engine)
+    assert run_with_flip(engine, PROMPTS, GREEDY, 3, "pp:4,4@2,2") == straight
+    assert_int8_is_read_as_int8(engine)
     flat = nnx.to_flat_state(parts(engine).runner.binding.params)
     leaves = {".".join(map(str, k)): v for k, v in flat}
     # After the flip the int8 weights and their scales are still int8 and fp32.
@@ -65,30 +58,16 @@ def test_every_layout_and_a_flip_give_the_one_device_tokens(straight, layout):
     engine.check()
 
 
-@pytest.mark.parametrize("layout", ["single", "tp:2", "pp:4,4@2,2"])
-def test_no_program_widens_an_int8_weight_outside_the_kernels(layout):
-    engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
-    binding = parts(engine).runner.binding
-    for shape in [(4, 1), (1, 64)]:  # decode and prefill
-        step, _ = binding.programs(0, shape)
-        text = step.as_text()
-        assert "flipjax_ragged_matmul_int8" in text  # the experts: the kernel at every size
-        # The projections: the kernel at decode's rows, XLA's GEMM a block at a time beyond.
-        assert ("flipjax_matmul_int8" in text) == (shape[1] == 1), shape
-        assert widened(text) == [], shape
-
-
 def test_the_check_finds_a_widened_weight():
     """The check itself, on XLA's own dot of a widened int8 weight."""
     program = jax.jit(lambda x, q: x @ q.astype(jnp.float32)).lower(
         jnp.ones((4, 64)), jnp.ones((64, 128), jnp.int8)
     )
-    assert len(widened(program.compile().as_text())) == 1
+    assert len(widened_whole(program.compile().as_text())) == 1
 
 
-def test_the_weights_take_about_a_quarter_of_their_fp32_bytes():
+def test_the_weights_take_about_a_quarter_of_their_fp32_bytes(single):
     fp32 = Engine.from_pretrained("tiny", num_pages=32).memory()
-    int8 = Engine.from_pretrained("tiny", num_pages=32, quantization="int8").memory()
     (w32,) = [d.bytes["weights"] for d in fp32.devices]
-    (w8,) = [d.bytes["weights"] for d in int8.devices]
+    (w8,) = [d.bytes["weights"] for d in single.memory().devices]
     assert 0.2 < w8 / w32 < 0.45  # the head and embedding stay fp32
