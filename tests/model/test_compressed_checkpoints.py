@@ -20,7 +20,8 @@ from flax import nnx
 from transformers import Qwen3NextForCausalLM
 
 from flipjax import Engine
-from tests.support.compressed import int8_checkpoint
+from tests.support.compressed import dequantized, int8_checkpoint, quantize_experts
+from tests.support.hf_oracle import CONFIGS, make_checkpoint
 from tests.support.internals import params, prompt_logits
 
 PROMPT = [5, 17, 99, 3, 42, 7, 64, 1, 88, 23, 11, 120, 9, 33, 71, 2, 45, 60, 12, 101]
@@ -91,3 +92,32 @@ def test_token_rounding_is_compressed_tensors_own_bit_for_bit():
     want = fake_quantize(x, scale, zero, args).numpy()
     got = np.asarray(round_tokens_to_int8(jnp.asarray(x.numpy())))
     np.testing.assert_array_equal(got, want)
+
+
+def test_int8_experts_stay_int8_and_give_the_dequantized_models_logits(tmp_path):
+    """A mixture-of-experts checkpoint with every expert stored int8, as llm-compressor writes
+    one. transformers does not load such a folder, so the oracle is transformers' model with
+    every int8 weight replaced by its values times its scales."""
+    hf = make_checkpoint(str(tmp_path / "full"), seed=5, **CONFIGS["moe"])
+    int8_checkpoint(str(tmp_path), "int-quantized", False, seed=5, **CONFIGS["moe"])
+    quantize_experts(str(tmp_path))
+    weights = dequantized(str(tmp_path))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                prefix, fused = name.rsplit(".", 1)
+                per = [
+                    torch.cat([weights[f"{prefix}.{e}.{proj}.weight"] for proj in projs])
+                    for e in range(p.shape[0])
+                    for projs in [("gate_proj", "up_proj") if fused == "gate_up_proj" else (fused,)]
+                ]
+                p.copy_(torch.stack(per))
+            else:
+                p.copy_(weights[name])
+        want = hf(torch.tensor([PROMPT])).logits[0].numpy()
+    engine = Engine.from_pretrained(str(tmp_path))
+    flat = nnx.to_flat_state(params(engine))
+    dtypes = {".".join(map(str, k)): v.dtype for k, v in flat}
+    assert dtypes["model.layers.1.mlp.experts.down_proj"] == jnp.int8
+    assert dtypes["model.layers.1.mlp.experts.down_proj_scale"] == jnp.float32
+    np.testing.assert_allclose(prompt_logits(engine, PROMPT), want, atol=1e-4, rtol=0)

@@ -5,6 +5,7 @@ format, with the head, router, gates and GDN `in_proj_ba` left unquantized."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from compressed_tensors.quantization import (
     QuantizationScheme,
     apply_quantization_config,
 )
+from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
 from tests.support.hf_oracle import make_checkpoint
@@ -54,3 +56,38 @@ def int8_checkpoint(
     compressor.compress_model(hf)
     hf.save_pretrained(folder)
     compressor.update_config(folder)
+
+
+def quantize_experts(folder: str) -> None:
+    """Store every routed expert's projections int8 too (`int-quantized`: values and a
+    channel-wise scale, by compressed-tensors' own `quantize`), as llm-compressor writes the
+    per-expert linear layers of a mixture-of-experts checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(folder, "model.safetensors")
+    tensors = load_file(path)
+    args = QuantizationArgs(**CHANNEL_INT8)
+    for name in [n for n in tensors if ".mlp.experts." in n and n.endswith(".weight")]:
+        w = tensors[name]
+        scale, zero = calculate_qparams(
+            w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True), args
+        )
+        tensors[name] = quantize(w, scale, zero, args, dtype=torch.int8)
+        tensors[name.removesuffix(".weight") + ".weight_scale"] = scale
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def dequantized(folder: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint at `folder`, int8 ones times their scales (the weights
+    a checkpoint stored int8 stands for), by their names in the files."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    args = QuantizationArgs(**CHANNEL_INT8)
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".weight_scale"):
+            continue
+        scale = tensors.get(name.removesuffix(".weight") + ".weight_scale")
+        out[name] = dequantize(t, scale, args=args) if scale is not None else t
+    return out
