@@ -19,6 +19,7 @@ percent of a layer's weights. What is not, and why:
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -44,9 +45,15 @@ SPLITS = {
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
-def quantize_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantize_int8(w: np.ndarray | jax.Array) -> tuple[np.ndarray, np.ndarray]:
     """w [..., in, out] -> (q int8 [..., in, out], scale float32 [..., out]), per output
-    channel: w ~= q * scale."""
+    channel: w ~= q * scale. Quantized on the host, where the loader leaves the weights."""
+    if isinstance(w, jax.Array) and not w.is_fully_addressable:
+        raise ValueError(
+            "quantization: a weight restored across processes cannot be quantized on this "
+            "host; serve the HF checkpoint folder (each process reads and quantizes it whole) "
+            "or a checkpoint stored int8"
+        )
     wf = np.asarray(w, dtype=np.float32)
     peak = np.max(np.abs(wf), axis=-2)
     scale = np.where(peak > 0, peak / INT8_MAX, 1.0).astype(np.float32)
