@@ -27,7 +27,7 @@ from kernels_pallas.gdn import reference as gdn_reference
 from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel
 from kernels_pallas.matmul import calibration as matmul_calibration
 from kernels_pallas.matmul import native_binding as matmul_native
-from kernels_pallas.matmul.xla_form import xla_int8_matmul, xla_matmul
+from kernels_pallas.matmul.xla_form import xla_int8_matmul
 from kernels_pallas.paged_attention import native_binding as attention_native
 from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
 from kernels_pallas.paged_attention.reference import paged_attention_reference
@@ -213,7 +213,8 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
     elif jax.default_backend() == "cpu":
         y = xla_int8_matmul(rows, q)
     else:
-        y = xla_matmul(rows, q.astype(x.dtype)).astype(jnp.float32)
+        widened = q.astype(x.dtype)
+        y = jnp.einsum("ri,io->ro", rows, widened, preferred_element_type=jnp.float32)
     y = y * scale.astype(jnp.float32)
     return y.astype(x.dtype).reshape(*x.shape[:-1], q.shape[1])
 
@@ -282,7 +283,8 @@ def ragged_dot(
         kernel = functools.partial(ragged_native.ragged_matmul, ragged_native.targets())
 
         def run(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
-            return kernel(x.astype(jnp.float32), w, group_sizes)
+            y = kernel(x.astype(jnp.float32), w, group_sizes)
+            return y if scale is not None else y.astype(x.dtype)  # scaled in fp32 below
 
         if mesh is not None:
             run = head_parallel.ragged_matmul(run, mesh, split, w.shape)

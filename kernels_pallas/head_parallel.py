@@ -126,47 +126,44 @@ def pooled_delta_rule(
 def matmul(
     kernel: Callable[..., jax.Array], mesh: Mesh, split: str, w_shape: tuple[int, ...]
 ) -> Callable[..., jax.Array]:
-    """`kernel(x, w)` (w [K, N]) per device over its shard of w, where the TP layout splits it:
-    N for `split` "out" (x whole, the output split by columns), K for "in" (x split by columns,
-    the partial products summed over the mesh). Where the width does not divide that dimension
-    every device runs the whole product."""
-    (axis,) = mesh.axis_names
-    dim = 1 if split == "out" else 0
-    if w_shape[dim] % mesh.shape[axis]:
-        specs, out = (P(), P()), P()
-        local = kernel
-    elif split == "out":
-        specs, out = (P(), P(None, axis)), P(None, axis)
-        local = kernel
-    else:
-        specs, out = (P(None, axis), P(axis, None)), P()
-
-        def local(x: jax.Array, w: jax.Array) -> jax.Array:
-            return jax.lax.psum(kernel(x, w), axis)
-
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
+    """`kernel(x, w)` (w [K, N]) per device over its shard of w (see `_split_weight`)."""
+    return _split_weight(kernel, mesh, split, w_shape, extra=())
 
 
 def ragged_matmul(
     kernel: Callable[..., jax.Array], mesh: Mesh, split: str, w_shape: tuple[int, ...]
 ) -> Callable[..., jax.Array]:
     """`kernel(x, w, group_sizes)` (w [G, K, N]) per device over its shard of the experts'
-    intermediate dimension, where the TP layout splits it: N for `split` "out" (gate, up: x
-    whole, the output split by columns), K for "in" (down: x split by columns, the partial
-    products summed over the mesh). Where the width does not divide that dimension the layout
-    replicates w, and every device runs the whole product."""
+    intermediate dimension (see `_split_weight`)."""
+    return _split_weight(kernel, mesh, split, w_shape, extra=(P(),))
+
+
+def _split_weight(
+    kernel: Callable[..., jax.Array],
+    mesh: Mesh,
+    split: str,
+    w_shape: tuple[int, ...],
+    extra: tuple[P, ...],
+) -> Callable[..., jax.Array]:
+    """`kernel(x, w, *rest)` per device over its shard of w ([..., K, N]), where the TP layout
+    splits it: N for `split` "out" (x whole, the output split by columns), K for "in" (x split
+    by columns, the partial products summed over the mesh). Where the width does not divide
+    that dimension the layout replicates w, and every device runs the whole product. `extra`:
+    the specs of `rest`."""
     (axis,) = mesh.axis_names
-    dim = 2 if split == "out" else 1
+    lead = (None,) * (len(w_shape) - 2)
+    dim = len(w_shape) - 1 if split == "out" else len(w_shape) - 2
+    local = kernel
     if w_shape[dim] % mesh.shape[axis]:
-        specs, out = (P(), P(), P()), P()
-        local = kernel
+        specs, out = (P(), P()), P()
     elif split == "out":
-        specs, out = (P(), P(None, None, axis), P()), P(None, axis)
-        local = kernel
+        specs, out = (P(), P(*lead, None, axis)), P(None, axis)
     else:
-        specs, out = (P(None, axis), P(None, axis, None), P()), P()
+        specs, out = (P(None, axis), P(*lead, axis, None)), P()
 
-        def local(x: jax.Array, w: jax.Array, group_sizes: jax.Array) -> jax.Array:
-            return jax.lax.psum(kernel(x, w, group_sizes), axis)
+        def local(x: jax.Array, w: jax.Array, *rest: jax.Array) -> jax.Array:
+            return jax.lax.psum(kernel(x, w, *rest), axis)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out, check_vma=False)
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(*specs, *extra), out_specs=out, check_vma=False
+    )

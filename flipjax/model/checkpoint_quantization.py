@@ -32,6 +32,7 @@ def describe(qc: dict[str, Any]) -> str:
             scheme += f" ({w.get('strategy', '?')})"
             if a:
                 scheme += f", {a.get('type', '?')} {a.get('num_bits', '?')}-bit activations"
+                scheme += f" ({a.get('strategy', '?')})"
             parts.append(scheme)
         if qc.get("format"):
             parts.append(f"format {qc['format']}")
@@ -45,6 +46,8 @@ def describe(qc: dict[str, Any]) -> str:
 
 
 INT8_FORMATS = ("int-quantized", "pack-quantized")
+# W8A8's activations: int8, dynamic, per token, symmetric, without groups.
+_ACTIVATION_KEYS = ("type", "num_bits", "dynamic", "strategy", "symmetric", "group_size")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ def _is_channel_int8(qc: dict[str, Any]) -> bool:
             return False
         if not w.get("symmetric", False) or w.get("dynamic", False):
             return False
-        if a and (a.get("type"), a.get("num_bits"), a.get("dynamic")) != ("int", 8, True):
+        scheme = ("int", 8, True, "token", True, None)
+        if a and tuple(a.get(k) for k in _ACTIVATION_KEYS) != scheme:
             return False
     return True

@@ -61,27 +61,26 @@ def quantize_int8(w: np.ndarray | jax.Array) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
-def is_quantized(model: Qwen3NextForCausalLM) -> bool:
-    return any(isinstance(m, Linear) and m.scale is not None for _, m in nnx.iter_modules(model))
-
-
 def quantize_model(model: Qwen3NextForCausalLM, method: str | None) -> Qwen3NextForCausalLM:
     """A model whose weights are `method`'s (None: `model` itself). `model` is left as it was:
     the result is a new module sharing the weights that are not quantized."""
     check_quantization(method)
-    if method is None or is_quantized(model):
+    if method is None:
         return model
+    # Weights a checkpoint stored int8 keep their own scales; only the others are quantized.
     out = nnx.merge(*nnx.split(model))
     for path, module in nnx.iter_modules(out):
         name = str(path[-1]) if path else ""
-        if isinstance(module, Linear) and name in SPLITS:
-            q, scale = quantize_int8(np.asarray(module.kernel[...]))
+        if isinstance(module, Linear) and name in SPLITS and module.scale is None:
+            q, scale = quantize_int8(module.kernel[...])
             module.kernel = nnx.Param(q)
             module.scale = nnx.Param(scale)
             module.split = SPLITS[name]
         elif isinstance(module, Qwen3NextExperts):
             for proj in EXPERT_PROJECTIONS:
-                q, scale = quantize_int8(np.asarray(getattr(module, proj)[...]))
+                if getattr(module, f"{proj}_scale") is not None:
+                    continue
+                q, scale = quantize_int8(getattr(module, proj)[...])
                 setattr(module, proj, nnx.Param(q))
                 setattr(module, f"{proj}_scale", nnx.Param(scale))
     return out

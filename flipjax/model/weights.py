@@ -149,7 +149,7 @@ def load_params(
 
     arrays = []
     todo = zip(leaves, plan, strict=True)
-    for (key_path, _), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
+    for (key_path, leaf), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
         name = param_name(key_path)
         if name.endswith(_KERNEL) or _EXPERT.match(name):
             try:
@@ -158,6 +158,11 @@ def load_params(
                 raise WeightsError(f"checkpoint {path}: {e}") from e
             host = np.ascontiguousarray(np.stack([w.T for w, _ in weights]))
             host = host if _EXPERT.match(name) else host[0]
+            if host.shape != tuple(leaf.shape):  # a packed weight's stated shape, say
+                raise WeightsError(
+                    f"checkpoint {path}: {parts[0]} unpacks to {list(host.shape)}, "
+                    f"expected {list(leaf.shape)}"
+                )
             if weights[0][1] is not None and scales is not None:  # stays int8
                 scale = np.stack([s for _, s in weights])
                 scales[int8_checkpoint.scale_name(name)] = (

@@ -34,13 +34,15 @@ def xla_int8_matmul(x: jax.Array, q: jax.Array, max_blocks: int = 8) -> jax.Arra
 
     XLA's dot takes the weight in x's dtype, so the weight is widened a block of columns at a
     time inside a loop: the widened copy alive at once is one block (a `max_blocks`-th of the
-    weight where N splits that way), never the whole weight. Unrolled, XLA widens every block
-    before the first product (an optimization barrier between them does not survive its
-    passes); the loop costs the GEMM about a quarter of its rate at prefill's row counts.
+    weight), never the whole weight. Unrolled, XLA widens every block before the first product
+    (an optimization barrier between them does not survive its passes); the loop costs the
+    GEMM about a quarter of its rate at prefill's row counts.
     """
     n = q.shape[1]
-    blocks = next(b for b in (max_blocks, 4, 2, 1) if n % b == 0 and b <= max_blocks)
-    width = n // blocks
+    width = -(-n // max_blocks)
+    blocks = -(-n // width)
+    # A last block past N starts earlier instead (a dynamic slice clamps its start), and writes
+    # again the columns it shares with the block before: the same values.
 
     def block(j: jax.Array, y: jax.Array) -> jax.Array:
         part = jax.lax.dynamic_slice_in_dim(q, j * width, width, axis=1).astype(x.dtype)

@@ -108,9 +108,11 @@ def test_quantized_matmul_runs_per_device_and_scales_each_column(rows, split, de
     np.testing.assert_allclose(np.asarray(ref), _scaled(x, q, scale), rtol=1e-5, atol=1e-5)
 
 
+# 1001 columns: the last block of 126 starts where it fits, and rewrites its neighbour's.
+@pytest.mark.parametrize("n", [1024, 1001])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_xlas_int8_gemm_widens_one_block_at_a_time_and_gives_the_product(dtype):
-    x, q = _x(4, 512, 11), _int8((512, 1024), 12)
+def test_xlas_int8_gemm_widens_one_block_at_a_time_and_gives_the_product(dtype, n):
+    x, q = _x(4, 512, 11), _int8((512, n), 12)
     xj = jnp.asarray(x, dtype)
     compiled = jax.jit(xla_int8_matmul).lower(xj, q).compile()
     assert widened_whole(compiled.as_text()) == []
