@@ -24,20 +24,22 @@ def single() -> Engine:
     return Engine.from_pretrained("tiny", **OPTIONS)
 
 
-def assert_int8_is_read_as_int8(engine: Engine) -> None:
+def assert_int8_is_read_as_int8(engine: Engine, prefill: bool = False) -> None:
+    """Decode (and prefill) programs of the live layout read int8 in the kernels: the
+    projections' at decode's rows, XLA's GEMM a block at a time beyond (per device, at 64 rows,
+    in `tests/kernels/test_native_int8.py`), the experts' at every size."""
     binding = parts(engine).runner.binding
-    for shape in [(4, 1), (1, 64)]:  # decode and prefill
+    for shape in [(4, 1), (1, 64)] if prefill else [(4, 1)]:
         step, _ = binding.programs(0, shape)
         text = step.as_text()
-        assert "flipjax_ragged_matmul_int8" in text  # the experts: the kernel at every size
-        # The projections: the kernel at decode's rows, XLA's GEMM a block at a time beyond.
+        assert "flipjax_ragged_matmul_int8" in text
         assert ("flipjax_matmul_int8" in text) == (shape[1] == 1), shape
         assert widened_whole(text) == [], shape
 
 
 def test_tp_and_a_flip_to_a_pipeline_give_the_one_device_tokens(single):
     straight = run_with_flip(single, PROMPTS, GREEDY)
-    assert_int8_is_read_as_int8(single)
+    assert_int8_is_read_as_int8(single, prefill=True)
     engine = Engine.from_pretrained("tiny", layout="tp:2", **OPTIONS)
     engine.arm("pp:4,4@2,2")
     flat = nnx.to_flat_state(parts(engine).runner.binding.params)
