@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from flipjax.model.config import ModelConfig
+from flipjax.model.scale_names import weight_name
 from flipjax.runtime.placement import (
     REPLICATED,
     ParamRule,
@@ -102,17 +103,13 @@ def parse_layout(text: str | Layout) -> Layout:
     )
 
 
-# A quantized weight's scales (`flipjax.model.quantize`): `Linear.scale`, `experts.<proj>_scale`.
-SCALE_SUFFIXES = (".scale", "_scale")
-
-
-def scale_spec(rule: ParamRule, name: str, shape: tuple[int, ...]) -> PartitionSpec:
-    """A quantized weight's scales ([..., out]) split as the weight's output dimension is, and
-    whole where the weight is split by its input rows: each shard keeps its own columns'."""
-    kernel = name.removesuffix(".scale") + ".kernel" if name.endswith(".scale") else name[:-6]
+def scale_spec(rule: ParamRule, weight: str, shape: tuple[int, ...]) -> PartitionSpec:
+    """The spec of a quantized weight's scales ([..., out]; `flipjax.model.scale_names`): split
+    as the weight's output dimension is, and whole where the weight is split by its input rows:
+    each shard keeps its own columns'."""
     # The weight is [..., in, out]; its rule reads `in` only to ask whether the width divides
     # it, and a row split leaves the scales whole whatever the answer.
-    spec = tuple(rule(kernel, (*shape[:-1], 0, shape[-1])))
+    spec = tuple(rule(weight, (*shape[:-1], 0, shape[-1])))
     spec = spec + (None,) * (len(shape) + 1 - len(spec))
     return PartitionSpec(*spec[:-2], spec[-1])
 
@@ -130,8 +127,8 @@ def tp_rule(cfg: ModelConfig, width: int) -> tuple[ParamRule, PartitionSpec, Par
     split_kv = cfg.num_key_value_heads % width == 0
 
     def rule(name: str, shape: tuple[int, ...]) -> PartitionSpec:
-        if name.endswith(SCALE_SUFFIXES):
-            return scale_spec(rule, name, shape)
+        if (weight := weight_name(name)) is not None:
+            return scale_spec(rule, weight, shape)
         leaf = name.split(".layers.")[-1].split(".", 1)[-1] if ".layers." in name else name
         # A Linear's kernel is [in, out]: column-parallel splits out, row-parallel splits in.
         if leaf.endswith(("q_proj.kernel", "in_proj_qkvz.kernel", "in_proj_ba.kernel")):

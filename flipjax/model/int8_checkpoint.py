@@ -40,14 +40,6 @@ def is_scale(name: str) -> bool:
     return name.endswith(SCALE)
 
 
-def scale_name(param: str) -> str:
-    """Where a quantized parameter's scales live: `Linear.scale`, or the experts'
-    `<proj>_scale`."""
-    return (
-        param.removesuffix(".kernel") + ".scale" if param.endswith(".kernel") else param + "_scale"
-    )
-
-
 def read_weights(
     read: Callable[[str], np.ndarray], parts: list[str]
 ) -> list[tuple[np.ndarray, np.ndarray | None]]:

@@ -27,6 +27,7 @@ from flipjax.model.config import check_quantization
 from flipjax.model.layers import Linear
 from flipjax.model.mlp import Qwen3NextExperts
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.scale_names import scale_name
 
 INT8_MAX = 127
 # The projections that are quantized, and what a TP layout splits of each: its output columns
@@ -90,19 +91,20 @@ def attach_scales(
     model: Qwen3NextForCausalLM, scales: dict[str, np.ndarray], activations: bool = False
 ) -> None:
     """Give the weights a checkpoint stored int8 (loaded as int8 kernels) their scales, by the
-    names `int8_checkpoint.scale_name` gives them; every scale must find its weight. With
+    names `scale_names.scale_name` gives them; every scale must find its weight. With
     `activations` (W8A8), each token's input to those weights is rounded to int8 first."""
     left = dict(scales)
     for path, module in nnx.iter_modules(model):
         prefix = ".".join(map(str, path))
-        if isinstance(module, Linear) and f"{prefix}.scale" in left:
-            module.scale = nnx.Param(left.pop(f"{prefix}.scale"))
+        if isinstance(module, Linear) and scale_name(f"{prefix}.kernel") in left:
+            module.scale = nnx.Param(left.pop(scale_name(f"{prefix}.kernel")))
             module.split = SPLITS.get(str(path[-1]), "out")
             module.int8_activations = activations
         elif isinstance(module, Qwen3NextExperts):
             for proj in EXPERT_PROJECTIONS:
-                if f"{prefix}.{proj}_scale" in left:
-                    setattr(module, f"{proj}_scale", nnx.Param(left.pop(f"{prefix}.{proj}_scale")))
+                if scale_name(f"{prefix}.{proj}") in left:
+                    scale = nnx.Param(left.pop(scale_name(f"{prefix}.{proj}")))
+                    setattr(module, f"{proj}_scale", scale)
                     module.int8_activations = activations
     if left:
         raise ValueError(f"int8 scales without a weight: {', '.join(sorted(left))}")

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from flipjax.model import int8_checkpoint
 from flipjax.model.config import ModelConfig
+from flipjax.model.scale_names import scale_name
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -165,9 +166,7 @@ def load_params(
                 )
             if weights[0][1] is not None and scales is not None:  # stays int8
                 scale = np.stack([s for _, s in weights])
-                scales[int8_checkpoint.scale_name(name)] = (
-                    scale if _EXPERT.match(name) else scale[0]
-                )
+                scales[scale_name(name)] = scale if _EXPERT.match(name) else scale[0]
                 arrays.append(jnp.asarray(host) if on_device else host)
                 continue
         else:
