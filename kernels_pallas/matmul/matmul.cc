@@ -56,34 +56,20 @@ ffi::Error CheckShapes(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd)
   return ffi::Error::Success();
 }
 
-ffi::Error MatmulImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                      ffi::ResultBuffer<ffi::F32> y) {
+// The handler for weights of XLA type `T`, read as `W`s (a bf16 as its 16 bits).
+template <ffi::DataType T, typename W>
+ffi::Error MatmulOf(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
+                    ffi::ResultBuffer<ffi::F32> y) {
   if (auto error = CheckShapes(x.dimensions(), w.dimensions()); error.failure()) return error;
-  Multiply(threads, x.typed_data(), w.typed_data(), y->typed_data(), x.dimensions()[0],
-           x.dimensions()[1], w.dimensions()[1]);
-  return ffi::Error::Success();
-}
-
-ffi::Error MatmulBf16Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
-                          ffi::Buffer<ffi::BF16> w, ffi::ResultBuffer<ffi::F32> y) {
-  if (auto error = CheckShapes(x.dimensions(), w.dimensions()); error.failure()) return error;
-  const auto* bits = reinterpret_cast<const Bf16*>(w.untyped_data());
-  Multiply(threads, x.typed_data(), bits, y->typed_data(), x.dimensions()[0], x.dimensions()[1],
+  const auto* wp = reinterpret_cast<const W*>(w.untyped_data());
+  Multiply(threads, x.typed_data(), wp, y->typed_data(), x.dimensions()[0], x.dimensions()[1],
            w.dimensions()[1]);
-  return ffi::Error::Success();
-}
-
-ffi::Error MatmulInt8Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
-                          ffi::Buffer<ffi::S8> w, ffi::ResultBuffer<ffi::F32> y) {
-  if (auto error = CheckShapes(x.dimensions(), w.dimensions()); error.failure()) return error;
-  Multiply(threads, x.typed_data(), w.typed_data(), y->typed_data(), x.dimensions()[0],
-           x.dimensions()[1], w.dimensions()[1]);
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmul, MatmulImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmul, (MatmulOf<ffi::F32, float>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x
@@ -91,7 +77,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmul, MatmulImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulBf16, MatmulBf16Impl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulBf16, (MatmulOf<ffi::BF16, Bf16>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // x
@@ -99,7 +85,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulBf16, MatmulBf16Impl,
                                   .Ret<ffi::Buffer<ffi::F32>>()   // y
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulInt8, MatmulInt8Impl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxMatmulInt8, (MatmulOf<ffi::S8, int8_t>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x

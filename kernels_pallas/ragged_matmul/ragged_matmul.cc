@@ -81,28 +81,17 @@ ffi::Error Multiply(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32>& x, const W*
   return ffi::Error::Success();
 }
 
-ffi::Error RaggedMatmulImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
-                            ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::S32> group_sizes,
-                            ffi::ResultBuffer<ffi::F32> y) {
-  return Multiply(threads, x, w.typed_data(), w.dimensions(), group_sizes, y);
-}
-
-ffi::Error RaggedMatmulBf16Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
-                                ffi::Buffer<ffi::BF16> w, ffi::Buffer<ffi::S32> group_sizes,
-                                ffi::ResultBuffer<ffi::F32> y) {
-  const auto* bits = reinterpret_cast<const Bf16*>(w.untyped_data());
-  return Multiply(threads, x, bits, w.dimensions(), group_sizes, y);
-}
-
-ffi::Error RaggedMatmulInt8Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
-                                ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::S32> group_sizes,
-                                ffi::ResultBuffer<ffi::F32> y) {
-  return Multiply(threads, x, w.typed_data(), w.dimensions(), group_sizes, y);
+// The handler for weights of XLA type `T`, read as `W`s (a bf16 as its 16 bits).
+template <ffi::DataType T, typename W>
+ffi::Error RaggedMatmulOf(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
+                          ffi::Buffer<ffi::S32> group_sizes, ffi::ResultBuffer<ffi::F32> y) {
+  const auto* wp = reinterpret_cast<const W*>(w.untyped_data());
+  return Multiply(threads, x, wp, w.dimensions(), group_sizes, y);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmul, RaggedMatmulImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmul, (RaggedMatmulOf<ffi::F32, float>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x
@@ -111,7 +100,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmul, RaggedMatmulImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // y
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmulBf16, RaggedMatmulBf16Impl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmulBf16, (RaggedMatmulOf<ffi::BF16, Bf16>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // x
@@ -120,7 +109,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmulBf16, RaggedMatmulBf16Impl,
                                   .Ret<ffi::Buffer<ffi::F32>>()   // y
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmulInt8, RaggedMatmulInt8Impl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxRaggedMatmulInt8, (RaggedMatmulOf<ffi::S8, int8_t>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x
