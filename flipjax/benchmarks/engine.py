@@ -124,6 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--moe", action="store_true", help="the mixture-of-experts variant")
     p.add_argument(
+        "--quantization",
+        choices=("int8",),
+        default=None,
+        help="flipjax's weights quantized at load, and llama.cpp's converted to its int8 "
+        "(Q8_0); transformers stays unquantized",
+    )
+    p.add_argument(
         "--peer",
         action="append",
         choices=PEERS,
@@ -178,6 +185,7 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
     engine = Engine.from_pretrained(
         str(folder),
         dtype=args.dtype,
+        quantization=args.quantization,
         max_running_requests=max(batches),
         max_prefill_tokens=args.max_prefill_tokens or max(batches) * args.prompt_len,
         max_model_len=args.prompt_len + args.decode_tokens + 16,
@@ -197,8 +205,15 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
     if "llama.cpp" in peers:
         from flipjax.benchmarks.llama_cpp import run_llama_cpp
 
+        threads = os.cpu_count() or 1
         llama = run_llama_cpp(
-            folder, batches, args.prompt_len, args.decode_tokens, os.cpu_count() or 1, args.dtype
+            folder,
+            batches,
+            args.prompt_len,
+            args.decode_tokens,
+            threads,
+            args.dtype,
+            args.quantization,
         )
         print(f"llama.cpp: {llama.skipped or llama.build}")
 
@@ -247,6 +262,8 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
                 f"{batch:>5} {'vs ' + name:>15} {fj.prefill_tok_s / t.prefill_tok_s:>13.2f}x "
                 f"{fj.decode_tok_s / t.decode_tok_s:>12.2f}x"
             )
+        if args.quantization is not None:
+            continue  # the bounds below price weights in --dtype
         read_bound = batch / (
             read_s * dtype.itemsize * active_parameters(config, n_params, batch, per_token=False)
         )

@@ -57,10 +57,12 @@ def run_llama_cpp(
     decode_tokens: int,
     threads: int,
     dtype: str = "float32",
+    quantization: str | None = None,
 ) -> PeerRun:
     """llama.cpp's prefill and decode rates on `checkpoint` for each batch size, each batch
     being independent sequences of `prompt_len` prompt and `decode_tokens` generated tokens
-    (as transformers' and flipjax's batches are), on `threads` threads."""
+    (as transformers' and flipjax's batches are), on `threads` threads, with its weights in
+    `gguf_type(dtype, quantization)`."""
     try:
         cache = _cache()
         for tool in ("cmake", "c++"):  # before any download
@@ -68,7 +70,7 @@ def run_llama_cpp(
                 raise Unavailable(f"building llama.cpp needs {tool} (apt-get install cmake g++)")
         source = _sources(cache)
         binary = _binary(source, cache)
-        model = _gguf(checkpoint, source, cache, "f32" if dtype == "float32" else "bf16")
+        model = _gguf(checkpoint, source, cache, gguf_type(dtype, quantization))
         command = [
             str(binary),
             "-m",
@@ -94,8 +96,16 @@ def run_llama_cpp(
         rates = parse_batched_bench(done.stdout)
     except Unavailable as e:
         return PeerRun(skipped=str(e))
-    gguf_type = "f32" if dtype == "float32" else "bf16"
-    return PeerRun(rates, None, f"llama.cpp from llama-cpp-python {VERSION}, {gguf_type} GGUF")
+    outtype = gguf_type(dtype, quantization)
+    return PeerRun(rates, None, f"llama.cpp from llama-cpp-python {VERSION}, {outtype} GGUF")
+
+
+def gguf_type(dtype: str, quantization: str | None) -> str:
+    """The converter's `--outtype` for flipjax's weights: f32 or bf16, and for int8 weights
+    llama.cpp's own int8, Q8_0 (a scale per 32 weights where flipjax keeps one per channel)."""
+    if quantization == "int8":
+        return "q8_0"
+    return "f32" if dtype == "float32" else "bf16"
 
 
 def parse_batched_bench(text: str) -> dict[int, PeerRates]:
