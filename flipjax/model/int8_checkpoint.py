@@ -73,5 +73,10 @@ def _unpack(packed: np.ndarray, shape: np.ndarray) -> np.ndarray:
     import torch
     from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
 
-    size = torch.Size(int(d) for d in shape)
+    # The stated shape is the file's word: bounded by what the packed words can hold before
+    # anything is allocated for it (the loader then checks it against the model's).
+    dims = [int(d) for d in np.asarray(shape).reshape(-1)]
+    if len(dims) != 2 or min(dims) <= 0 or dims[0] * dims[1] > packed.size * (32 // BITS):
+        raise ValueError(f"weight_shape {dims} does not fit {packed.size} packed int32 words")
+    size = torch.Size(dims)
     return unpack_from_int32(torch.from_numpy(packed), BITS, size).numpy()

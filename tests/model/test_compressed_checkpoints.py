@@ -164,3 +164,15 @@ def test_w8a8_with_other_activation_scales_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"int 8-bit activations \(tensor\)"):
         Engine.from_pretrained(str(tmp_path))
+
+
+def test_a_packed_weight_stating_a_shape_its_words_cannot_hold_is_refused(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    int8_checkpoint(str(tmp_path), "pack-quantized", False)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    name = "model.layers.3.self_attn.q_proj.weight_shape"
+    tensors[name] = np.asarray([1 << 20, 1 << 20], tensors[name].dtype)
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"weight_shape \[1048576, 1048576\] does not fit"):
+        Engine.from_pretrained(str(tmp_path))
