@@ -73,3 +73,15 @@ def test_the_weights_take_about_a_quarter_of_their_fp32_bytes(single):
     (w32,) = [d.bytes["weights"] for d in fp32.devices]
     (w8,) = [d.bytes["weights"] for d in single.memory().devices]
     assert 0.2 < w8 / w32 < 0.45  # the head and embedding stay fp32
+
+
+def test_the_bytes_int8_saves_become_kv_pages_within_the_same_budget():
+    """Pool sizing prices the int8 weights: what they save goes to the KV pool."""
+    options = dict(device_memory="32MiB", max_running_requests=2, max_prefill_tokens=16)
+    lines = {}
+    for q in (None, "int8"):
+        engine = Engine.from_pretrained("tiny", quantization=q, **options)
+        (lines[q],) = engine.memory().devices
+    saved = lines[None].bytes["weights"] - lines["int8"].bytes["weights"]
+    gained = lines["int8"].bytes["kv_pages"] - lines[None].bytes["kv_pages"]
+    assert saved > 0 and abs(gained - saved) < 0.05 * saved
