@@ -194,10 +194,11 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
     """`x [..., K] @ (q [K, N] * scale [N])` for an int8 weight with per-column scales, in x's
     dtype, accumulated in fp32, without a dequantized copy of the weight where the kernels run.
 
-    In `native` mode the native matmul widens the int8 weight as it streams it, for every row
-    count (XLA's dot would first write the whole weight out in a float type, every call); under
-    `head_parallel.across` it runs per device over q's shard, `split` naming the dimension the
-    TP layout splits ("out": columns; "in": rows, the partial products summed over the mesh).
+    In `native` mode `int8_matmul` chooses by row count: the native matmul, widening the int8
+    weight as it streams it, or XLA's GEMM widening a block of columns at a time (XLA's plain
+    dot would first write the whole weight out in a float type, every call); under
+    `head_parallel.across` either runs per device over q's shard, `split` naming the dimension
+    the TP layout splits ("out": columns; "in": rows, the partial products summed over the mesh).
     Elsewhere XLA's dot takes the widened weight: a block of columns at a time on the CPU
     (`xla_int8_matmul`), and on a GPU whole, where the widening fuses into the GEMM.
     """

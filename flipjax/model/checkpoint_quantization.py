@@ -90,8 +90,8 @@ def _is_channel_int8(qc: dict[str, Any]) -> bool:
     if not isinstance(groups, dict) or not groups or qc.get("sparsity_config"):
         return False
     for group in groups.values():
-        w = (group or {}).get("weights") or {}
-        a = (group or {}).get("input_activations")
+        group = group if isinstance(group, dict) else {}
+        w, a = group.get("weights") or {}, group.get("input_activations")
         if group.get("format") not in (None, qc["format"]) or group.get("output_activations"):
             return False
         if (w.get("type"), w.get("num_bits"), w.get("strategy")) != ("int", 8, "channel"):
