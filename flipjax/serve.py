@@ -159,6 +159,7 @@ def _autopilot(config: FlipjaxConfig, engine: Any, log: logging.Logger) -> Any:
 
 def _open_store(config: FlipjaxConfig, log: logging.Logger) -> tuple[Any, Any, Any]:
     """The KV store behind the engine, keyed by the model's config, weights and KV dtype."""
+    from flipjax.engine.assembly import page_dtype
     from flipjax.model.config import ModelConfig
     from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_config
     from flipjax.runtime.hybrid import default_interval
@@ -197,6 +198,7 @@ def _open_store(config: FlipjaxConfig, log: logging.Logger) -> tuple[Any, Any, A
         remote_url,
         min_free,
         secret.encode() if secret else None,
+        page_dtype(config),
     )
     where = "off" if st.store_dir is None else disk_folder(st.store_dir, identity)
     remote = bridge.store.remote

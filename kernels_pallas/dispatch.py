@@ -29,16 +29,16 @@ from kernels_pallas.matmul import calibration as matmul_calibration
 from kernels_pallas.matmul import native_binding as matmul_native
 from kernels_pallas.matmul.xla_form import xla_int8_matmul
 from kernels_pallas.paged_attention import native_binding as attention_native
-from kernels_pallas.paged_attention.pallas_kernel import ragged_paged_attention
+from kernels_pallas.paged_attention.pages import scatter_rows
+from kernels_pallas.paged_attention.pallas_kernel import tuned_paged_attention
 from kernels_pallas.paged_attention.reference import paged_attention_reference
+from kernels_pallas.paged_attention.write_binding import read_rows, write_rows
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
 
 KERNELS_ENV = "FLIPJAX_KERNELS"
 PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
 MODES = ("pallas", "native", "reference", "interpret")
 REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no kernel does
-# A GPU has ~100+ SMs; split long contexts until there are about this many programs.
-_TARGET_PROGRAMS = 128
 NATIVE_MATMUL_MIN_COLUMNS = 128
 
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -84,33 +84,42 @@ def paged_attention(
     v_pages: jax.Array,
     page_table: jax.Array,
     positions: jax.Array,
+    k_scale: jax.Array | None = None,
+    v_scale: jax.Array | None = None,
 ) -> jax.Array:
-    """Attention of q [B, T, H, D] over paged K/V, by the current mode."""
-    mode = current_mode()
+    """Attention of q [B, T, H, D] over paged K/V, by the current mode; 8-bit pages come with
+    their scales [pages, kv_heads] and are widened inside the kernel."""
+    mode, mesh = current_mode(), head_parallel.current()
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
     native_decode = _native_decode_attention(q, k_pages) if mode == "native" else None
     if native_decode is not None:
-        return native_decode(q, k_pages, v_pages, page_table, positions)
-    if mode in REFERENCE_MODES:
-        return paged_attention_reference(q, k_pages, v_pages, page_table, positions)
-    b, t, h, _ = q.shape
-    hkv = k_pages.shape[2]
-    rows = t * (h // hkv)
-    block_rows = 16 if rows <= 16 else 64
-    pages_per_block = 8
-    num_blocks = -(-page_table.shape[1] // pages_per_block)
-    tiles = b * hkv * -(-rows // block_rows)
-    splits = 1 if mode == "interpret" else max(1, min(num_blocks, _TARGET_PROGRAMS // tiles))
-    kernel = functools.partial(
-        ragged_paged_attention,
-        block_rows=block_rows,
-        pages_per_block=pages_per_block,
-        kv_splits=splits,
-        interpret=mode == "interpret",
-    )
+        return native_decode(q, k_pages, v_pages, page_table, positions, **scales)
+    if mode in REFERENCE_MODES and not _native_here():
+        return paged_attention_reference(q, k_pages, v_pages, page_table, positions, **scales)
+    if mode in REFERENCE_MODES:  # gathers by the native kernel: XLA's widens a bf16 pool whole
+        kernel = functools.partial(paged_attention_reference, read=read_rows)
+    else:
+        kernel = tuned_paged_attention(q.shape, k_pages.shape[2], page_table.shape[1], mode)
+    kernel = kernel if mesh is None else head_parallel.attention(kernel, mesh)
+    return kernel(q, k_pages, v_pages, page_table, positions, **scales)
+
+
+def _native_here() -> bool:
+    """Whether the native kernels run for a program traced now: `native` mode, in a program
+    known to run on one device or per device under `head_parallel.across` (the partitioner
+    cannot split a custom call: it would gather its operands whole)."""
+    native_mode = current_mode() == "native"
+    return native_mode and (head_parallel.current() is not None or head_parallel.local())
+
+
+def page_writer() -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+    """How KV rows go into a page pool (`pages.Writer`): in `native` mode in place by the native
+    kernel, per device under `head_parallel.across` (XLA:CPU's scatter copies a bf16 or fp8
+    pool twice, through fp32); elsewhere by XLA's scatter."""
+    if not _native_here():
+        return scatter_rows
     mesh = head_parallel.current()
-    if mesh is not None:
-        kernel = head_parallel.attention(kernel, mesh)
-    return kernel(q, k_pages, v_pages, page_table, positions)
+    return write_rows if mesh is None else head_parallel.rows(write_rows, mesh)
 
 
 def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., jax.Array] | None:
@@ -206,7 +215,7 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
         raise ValueError(f"quantized_matmul: split must be 'in' or 'out', got {split!r}")
     rows = x.reshape(-1, x.shape[-1])
     mesh = head_parallel.current()
-    if current_mode() == "native" and (mesh is not None or head_parallel.local()):
+    if _native_here():
         kernel = int8_matmul(rows.shape[0], x.dtype)
         if mesh is not None:
             kernel = head_parallel.matmul(kernel, mesh, split, q.shape)
@@ -218,20 +227,6 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
         y = jnp.einsum("ri,io->ro", rows, widened, preferred_element_type=jnp.float32)
     y = y * scale.astype(jnp.float32)
     return y.astype(x.dtype).reshape(*x.shape[:-1], q.shape[1])
-
-
-def round_tokens_to_int8(x: jax.Array) -> jax.Array:
-    """Each token's (row's) values rounded to int8 steps of its own scale, and back: the
-    dynamic per-token activation scheme of W8A8 checkpoints (compressed-tensors' symmetric
-    int8: the scale is the row's largest magnitude over 127.5, values clamped to [-128, 127])."""
-    # Both divisions are IEEE divisions, as the checkpoint's reference runs them: XLA would
-    # multiply by a reciprocal instead (one ulp off), and a row's peak, exactly 127.5 steps
-    # away, would round to the other side of the tie. The barriers hide the divisors from it.
-    peak = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
-    scale = peak / jax.lax.optimization_barrier(jnp.full(peak.shape, 127.5, x.dtype))
-    scale = jnp.where(scale == 0, jnp.ones_like(scale), scale)
-    steps = x / jax.lax.optimization_barrier(jnp.broadcast_to(scale, x.shape))
-    return jnp.clip(jnp.round(steps), -128, 127) * scale
 
 
 def int8_matmul(rows: int, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -274,7 +269,7 @@ def ragged_dot(
     if split not in ("in", "out"):
         raise ValueError(f"ragged_dot: split must be 'in' or 'out', got {split!r}")
     mesh = head_parallel.current()
-    if current_mode() != "native" or not (mesh is not None or head_parallel.local()):
+    if not _native_here():
         if scale is None:
             return jax.lax.ragged_dot(x, w, group_sizes)
         y = jax.lax.ragged_dot(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 from jax.sharding import Mesh
@@ -60,35 +60,72 @@ def local() -> bool:
 
 
 def attention(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax.Array]:
-    """`kernel(q, k_pages, v_pages, page_table, positions)` per device over its query heads."""
+    """`kernel(q, k_pages, v_pages, page_table, positions, k_scale=, v_scale=)` per device over
+    its query heads; 8-bit pages' scales [pages, kv_heads] go with their KV heads."""
     (axis,) = mesh.axis_names
     width = mesh.shape[axis]
-    heads = P(None, None, axis, None)
+    heads, head_scales = P(None, None, axis, None), P(None, axis)
 
-    def run(q, k_pages, v_pages, page_table, positions):
+    def run(q, k_pages, v_pages, page_table, positions, k_scale=None, v_scale=None):
         h, hkv = q.shape[2], k_pages.shape[2]
         per_device, group = h // width, h // hkv
+        scaled = k_scale is not None
         if hkv % width == 0:
-            kv, local = heads, kernel
+            kv, scale_spec = heads, head_scales
+
+            def local(q, k, v, table, pos, *scales):
+                return kernel(q, k, v, table, pos, **_named(scales))
+
         elif h % width == 0 and group % per_device == 0:
 
-            def local(q, k, v, table, pos):
+            def local(q, k, v, table, pos, *scales):
                 first = jax.lax.axis_index(axis) * per_device // group
                 k, v = (jax.lax.dynamic_slice_in_dim(a, first, 1, axis=2) for a in (k, v))
-                return kernel(q, k, v, table, pos)
+                scales = [jax.lax.dynamic_slice_in_dim(a, first, 1, axis=1) for a in scales]
+                return kernel(q, k, v, table, pos, **_named(scales))
 
-            kv = P()
+            kv = scale_spec = P()
         else:  # a device's query heads span several KV heads: left to the partitioner
-            return kernel(q, k_pages, v_pages, page_table, positions)
+            return kernel(
+                q, k_pages, v_pages, page_table, positions, k_scale=k_scale, v_scale=v_scale
+            )
+        scales = (k_scale, v_scale) if scaled else ()
         return jax.shard_map(
             local,
             mesh=mesh,
-            in_specs=(heads, kv, kv, P(), P()),
+            in_specs=(heads, kv, kv, P(), P(), *(scale_spec,) * len(scales)),
             out_specs=heads,
             check_vma=False,
-        )(q, k_pages, v_pages, page_table, positions)
+        )(q, k_pages, v_pages, page_table, positions, *scales)
 
     return run
+
+
+def rows(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax.Array]:
+    """`kernel(pool, rows, ids)` (KV rows into a page pool, both [..., kv_heads, head_dim]) per
+    device over its KV heads where they split over the mesh, as the layouts split them; a pool
+    of replicated heads is written whole on every device."""
+    (axis,) = mesh.axis_names
+
+    def run(pool: jax.Array, rows: jax.Array, ids: jax.Array) -> jax.Array:
+        split = pool.shape[-2] % mesh.shape[axis] == 0
+
+        def heads(x: jax.Array) -> P:
+            return P(*[None] * (x.ndim - 2), axis, None) if split else P()
+
+        return jax.shard_map(
+            kernel,
+            mesh=mesh,
+            in_specs=(heads(pool), heads(rows), P()),
+            out_specs=heads(pool),
+            check_vma=False,
+        )(pool, rows, ids)
+
+    return run
+
+
+def _named(scales: Sequence[jax.Array]) -> dict[str, jax.Array]:
+    return dict(zip(("k_scale", "v_scale"), scales, strict=False))
 
 
 def delta_rule(

@@ -48,6 +48,7 @@ SOURCES = {
     "matmul": PACKAGE / "matmul" / "matmul.cc",
     "paged_decode": PACKAGE / "paged_attention" / "paged_decode.cc",
     "ragged_matmul": PACKAGE / "ragged_matmul" / "ragged_matmul.cc",
+    "write_rows": PACKAGE / "paged_attention" / "page_writes.cc",
 }
 KERNELS = (
     "gdn_decode",
@@ -56,15 +57,22 @@ KERNELS = (
     "matmul_int8",
     "paged_decode",
     "paged_decode_bf16",
+    "paged_decode_fp8",
+    "paged_decode_int8",
     "ragged_matmul",
     "ragged_matmul_bf16",
     "ragged_matmul_int8",
+    "write_rows",
+    "read_rows",
 )
 # handlers that share another kernel's source
 SOURCE_OF = {
+    "read_rows": "write_rows",
     "matmul_bf16": "matmul",
     "matmul_int8": "matmul",
     "paged_decode_bf16": "paged_decode",
+    "paged_decode_fp8": "paged_decode",
+    "paged_decode_int8": "paged_decode",
     "ragged_matmul_bf16": "ragged_matmul",
     "ragged_matmul_int8": "ragged_matmul",
 }

@@ -13,7 +13,7 @@ import jax
 
 from flipjax.runtime import cache_io
 from flipjax.runtime.binding import Binding, compile_programs
-from flipjax.runtime.cache import CacheState
+from flipjax.runtime.cache import CacheState, kv_scaled
 from flipjax.runtime.crosshost import reshard
 from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.placement import Placement
@@ -92,6 +92,7 @@ def arm(
     """
     current = runner.binding
     target = pools if pools is not None else current.state
+    scaled = kv_scaled(target)
     skeleton = current.rebind(placement, current.params, target)
     shapes = set(runner.shapes)
     for b, t in runner.shapes:  # the pieces a pipeline cuts steps into
@@ -104,7 +105,7 @@ def arm(
                 [
                     (
                         [(tuple(x.shape), x.dtype) for x in jax.tree.leaves(state)],
-                        jax.tree.leaves(side.state_shardings(runner.cfg)),
+                        jax.tree.leaves(side.state_shardings(runner.cfg, kv_scales=scaled)),
                     )
                     for state, side in sides
                 ],
@@ -112,7 +113,9 @@ def arm(
             )
             if state_io:
                 cache_io.warm_shapes(
-                    target, placement.state_shardings(runner.cfg), runner.table_width
+                    target,
+                    placement.state_shardings(runner.cfg, kv_scales=scaled),
+                    runner.table_width,
                 )
         elif placement.key != current.placement.key:
             (there_sh, target_sh), (back_sh, source_sh) = (
@@ -129,7 +132,7 @@ def arm(
 def shardings_of(runner: ModelRunner, placement: Placement) -> tuple[Any, Any]:
     return (
         placement.param_shardings(runner.binding.params),
-        placement.state_shardings(runner.cfg),
+        placement.state_shardings(runner.cfg, kv_scales=kv_scaled(runner.state)),
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from flipjax.model.config import ModelConfig
 from flipjax.runtime.binding import Binding
-from flipjax.runtime.cache import resized
+from flipjax.runtime.cache import kv_scaled, resized
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import workspace
 from sharding.budgets import format_bytes, reserve
@@ -115,7 +115,7 @@ def overdraft(
     if budgets is None:
         return None
     need = bytes_per_device(params, placement.param_shardings(params))
-    need += bytes_per_device(state, placement.state_shardings(cfg))
+    need += bytes_per_device(state, placement.state_shardings(cfg, kv_scales=kv_scaled(state)))
     for device in sorted(need, key=lambda d: d.id):
         budget = budgets.get(device.id)
         if budget is not None and need[device] > budget - reserve(budget):

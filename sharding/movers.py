@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
+from flipjax.runtime.cache import CacheState, GDNSlots
 from flipjax.runtime.crosshost import from_host, reshard
 
 
@@ -82,10 +82,7 @@ def move_live(
 ) -> tuple[CacheState, dict[str, float]]:
     """`state` on `shardings` with only `pages` and `slots` copied; bytes and ms per part."""
     t0 = time.perf_counter()
-    kv = tuple(
-        KVPages(*(_move_leaf(x, s, pages) for x, s in zip(p, sh, strict=True)))
-        for p, sh in zip(state.kv, shardings.kv, strict=True)
-    )
+    kv = jax.tree.map(lambda x, s: _move_leaf(x, s, pages), state.kv, shardings.kv)
     jax.block_until_ready(kv)
     t1 = time.perf_counter()
     gdn = tuple(

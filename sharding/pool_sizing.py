@@ -18,11 +18,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-import jax
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
-from flipjax.runtime.cache import CacheState, init_cache_state
+from flipjax.runtime.cache import CacheState, kv_scaled
 from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import probe_workspace
@@ -65,7 +64,7 @@ def pool_pages(
         return cap if cap is not None else DEFAULT_NUM_PAGES
     # Without any workspace the pool could be at most this; the steps' temporaries are then
     # measured over a pool of that size (or of the cap's, which is then the engine's own).
-    one = _one_page(shape)
+    one = shape.pools(1)
     free = [footprint(p, shape.cfg, params, one, 1, {}) for p in placements]
     if not any(n for f in free for n in f.page.values()):
         return cap if cap is not None else DEFAULT_NUM_PAGES  # no attention layer: no pages
@@ -106,18 +105,11 @@ def footprint(
 ) -> Footprint:
     """What `placement` holds per device of `params` and of `state` (arrays or shapes, with
     `num_pages` pages), with the workspace `work`."""
-    shardings = placement.state_shardings(cfg)
+    shardings = placement.state_shardings(cfg, kv_scales=kv_scaled(state))
     fixed = bytes_by_id(params, placement.param_shardings(params))
     fixed += bytes_by_id(state.gdn, shardings.gdn)
     page = Counter({d: n // num_pages for d, n in bytes_by_id(state.kv, shardings.kv).items()})
     return Footprint(fixed, page, work)
-
-
-def _one_page(shape: RunnerShape) -> CacheState:
-    cfg = shape.cfg
-    return jax.eval_shape(
-        lambda: init_cache_state(cfg, 1, shape.page_size, shape.num_slots, shape.dtype)
-    )
 
 
 def tightest(

@@ -13,6 +13,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from flipjax.runtime.host_pages import HostPages
 from store.entry import Kind
 from store.keys import page_keys, salted_root
 from store.payload import PayloadLayout
@@ -65,6 +66,11 @@ class StoreBridge:
         # an error in the engine's seeding.
         self.bad_payloads = 0
 
+    @property
+    def dtypes(self) -> tuple[str, str]:
+        """The dtypes of the model (its GDN conv states) and of the KV pages it stores."""
+        return self.layout.kv_dtype, self.layout.page_dtype
+
     def fetch(
         self, token_ids: list[int], start: int = 0, salt: str | None = None
     ) -> FetchedPrefix | None:
@@ -90,7 +96,7 @@ class StoreBridge:
             return None
         # A prefix that needed a lower tier anywhere counts as that tier's hit: that is its cost.
         where = max(tiers, key=ORDER.index)
-        return FetchedPrefix(found.tokens, np.stack(pages), rec, conv, start, where)
+        return FetchedPrefix(found.tokens, HostPages.stack(pages), rec, conv, start, where)
 
     def prefetch(self, token_ids: list[int], salt: str | None = None) -> Prefetch | None:
         if self.sync_reads or (self.store.disk is None and self.store.remote is None):
@@ -103,12 +109,12 @@ class StoreBridge:
         return out
 
     def publish_pages(
-        self, token_ids: list[int], first_page: int, kv: np.ndarray, salt: str | None = None
+        self, token_ids: list[int], first_page: int, kv: HostPages, salt: str | None = None
     ) -> None:
         root = salted_root(self.store.root, salt)
         keys = self._chains.keys(root, token_ids, first_page + len(kv), resume=first_page)
-        for key, page in zip(keys[first_page:], kv, strict=True):
-            self.store.put(key, Kind.KV_PAGE, self.layout.encode_kv(page))
+        for key, (values, scales) in zip(keys[first_page:], kv.each(), strict=True):
+            self.store.put(key, Kind.KV_PAGE, self.layout.encode_kv(values, scales))
 
     def publish_state(
         self,

@@ -36,13 +36,18 @@ def open_store(
     remote_url: str | None = None,
     disk_min_free_bytes: int = 0,
     remote_secret: bytes | None = None,
+    page_dtype: str | None = None,
 ) -> tuple[StoreBridge, ModelIdentity]:
     """A tiered store (host, plus disk when `store_dir` is set and `disk_bytes` > 0, plus a
     shared Redis tier at `remote_url`, whose entries are signed with `remote_secret`) behind a
-    bridge the engine can seed from and publish to."""
+    bridge the engine can seed from and publish to. `kv_dtype` is the model's dtype and
+    `page_dtype` the KV pages' (default the same): both are part of the store's identity, so a
+    page computed in one KV dtype is never served to a pool of another."""
     if remote_url and not remote_secret:
         raise ValueError("store secret: a shared (remote) tier needs a secret to sign its entries")
-    identity = ModelIdentity.create(cfg.to_dict(), weights_id, kv_dtype, page_size)
+    pages = page_dtype or kv_dtype
+    dtypes = kv_dtype if pages == kv_dtype else f"{kv_dtype}/pages:{pages}"
+    identity = ModelIdentity.create(cfg.to_dict(), weights_id, dtypes, page_size)
     disk = None
     if store_dir is not None and disk_bytes > 0:
         disk = DiskTier(
@@ -52,7 +57,8 @@ def open_store(
     store = TieredStore(
         root_key(identity), page_size, gdn_interval, HostTier(host_bytes), disk, remote=remote
     )
-    return StoreBridge(store, PayloadLayout.for_model(cfg, page_size, kv_dtype)), identity
+    layout = PayloadLayout.for_model(cfg, page_size, kv_dtype, pages)
+    return StoreBridge(store, layout), identity
 
 
 def open_checkpoints(

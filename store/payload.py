@@ -1,9 +1,11 @@
 """Canonical payloads: the one byte layout of a KV page and of a GDN anchor, for every layout.
 
-KV page: `[full_attention_layers, 2 (k, v), page_size, kv_heads, head_dim]` in the KV dtype,
-C order, little-endian, all KV heads (whatever TP width computed them).
+KV page: `[full_attention_layers, 2 (k, v), page_size, kv_heads, head_dim]` in the pages' dtype,
+C order, little-endian, all KV heads (whatever TP width computed them); 8-bit pages then their
+float32 scales `[full_attention_layers, 2, kv_heads]`.
 GDN anchor: recurrent `[gdn_layers, v_heads, k_head_dim, v_head_dim]` float32, then conv
-`[gdn_layers, conv_kernel - 1, conv_dim]` in the KV dtype; the state after the page's last token.
+`[gdn_layers, conv_kernel - 1, conv_dim]` in the model's dtype (`kv_dtype`); the state after the
+page's last token.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from flipjax.model.config import ModelConfig
 from flipjax.model.state_shapes import state_shapes
 
 _DTYPES = {"float32": np.dtype("<f4"), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+# Pages alone may also be 8-bit, with scales.
+_SCALED = {"int8": np.dtype(np.int8), "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn)}
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -25,29 +29,65 @@ def numpy_dtype(name: str) -> np.dtype:
     return _DTYPES[name]
 
 
+def page_numpy_dtype(name: str) -> np.dtype:
+    if name in _SCALED:
+        return _SCALED[name]
+    if name not in _DTYPES:
+        raise ValueError(f"page_dtype: {name!r} is not one of {sorted({**_DTYPES, **_SCALED})}")
+    return _DTYPES[name]
+
+
 @dataclass(frozen=True)
 class PayloadLayout:
     kv_shape: tuple[int, ...]
     recurrent_shape: tuple[int, ...]
     conv_shape: tuple[int, ...]
-    kv_dtype: str
+    kv_dtype: str  # the model's: the GDN conv states'
+    page_dtype: str  # the KV pages'
 
     @classmethod
-    def for_model(cls, cfg: ModelConfig, page_size: int, kv_dtype: str) -> PayloadLayout:
+    def for_model(
+        cls, cfg: ModelConfig, page_size: int, kv_dtype: str, page_dtype: str | None = None
+    ) -> PayloadLayout:
         numpy_dtype(kv_dtype)
+        page_numpy_dtype(page_dtype or kv_dtype)
         shapes = state_shapes(cfg)
         return cls(
             kv_shape=(shapes.kv_layers, 2, page_size, *shapes.kv_token),
             recurrent_shape=(shapes.gdn_layers, *shapes.recurrent),
             conv_shape=(shapes.gdn_layers, *shapes.conv),
             kv_dtype=kv_dtype,
+            page_dtype=page_dtype or kv_dtype,
         )
 
-    def encode_kv(self, kv: np.ndarray) -> bytes:
-        return _encode(kv, self.kv_shape, numpy_dtype(self.kv_dtype), "kv page")
+    @property
+    def scaled(self) -> bool:
+        return self.page_dtype in _SCALED
 
-    def decode_kv(self, payload: bytes) -> np.ndarray:
-        return _decode(payload, self.kv_shape, numpy_dtype(self.kv_dtype), "kv page")
+    @property
+    def scale_shape(self) -> tuple[int, ...]:
+        return (*self.kv_shape[:2], self.kv_shape[3])
+
+    def encode_kv(self, kv: np.ndarray, scales: np.ndarray | None = None) -> bytes:
+        """A page's payload: its values and, for 8-bit pages (only), their scales."""
+        if (scales is not None) != self.scaled:
+            raise ValueError(f"kv page: {self.page_dtype} pages have scales exactly when 8-bit")
+        values = _encode(kv, self.kv_shape, page_numpy_dtype(self.page_dtype), "kv page")
+        if scales is None:
+            return values
+        return values + _encode(scales, self.scale_shape, np.dtype("<f4"), "kv page scales")
+
+    def decode_kv(self, payload: bytes) -> tuple[np.ndarray, np.ndarray | None]:
+        """A page's values and scales (None for float pages) from its payload."""
+        dtype = page_numpy_dtype(self.page_dtype)
+        if not self.scaled:
+            return _decode(payload, self.kv_shape, dtype, "kv page"), None
+        split = int(np.prod(self.kv_shape)) * dtype.itemsize
+        values = _decode(payload[:split], self.kv_shape, dtype, "kv page")
+        scales = _decode(payload[split:], self.scale_shape, np.dtype("<f4"), "kv page scales")
+        if not np.all(np.isfinite(scales) & (scales >= 0)):
+            raise ValueError("kv page scales: a scale is negative or not finite")
+        return values, scales
 
     def encode_gdn(self, recurrent: np.ndarray, conv: np.ndarray) -> bytes:
         rec = _encode(recurrent, self.recurrent_shape, np.dtype("<f4"), "gdn recurrent")

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from flipjax.runtime.host_pages import HostPages
+
 
 @dataclass
 class FetchedPrefix:
@@ -18,7 +20,7 @@ class FetchedPrefix:
     `tokens`."""
 
     tokens: int
-    kv: np.ndarray  # [pages, kv_layers, 2, page_size, kv_heads, head_dim], from page start/ps
+    kv: HostPages  # [pages, kv_layers, 2, page_size, kv_heads, head_dim], from page start/ps
     recurrent: np.ndarray  # [gdn_layers, v_heads, dk, dv]
     conv: np.ndarray  # [gdn_layers, kernel - 1, conv_dim]
     start: int = 0  # tokens the caller already had (a multiple of the page size)
@@ -38,6 +40,10 @@ class PrefixStore(Protocol):
     page_size: int
     gdn_interval: int
 
+    @property
+    def dtypes(self) -> tuple[str, str]:
+        """The dtypes of the model (its GDN conv states) and of the KV pages it holds."""
+
     # `salt` (a tenant's cache salt) keys a chain of its own: a salted prefix is found only
     # with the same salt.
 
@@ -53,7 +59,7 @@ class PrefixStore(Protocol):
         bring, every entry is in host memory already)."""
 
     def publish_pages(
-        self, token_ids: list[int], first_page: int, kv: np.ndarray, salt: str | None = None
+        self, token_ids: list[int], first_page: int, kv: HostPages, salt: str | None = None
     ) -> None:
         """Store full pages `first_page...` of `token_ids` (kv holds one entry per page)."""
 

@@ -1,14 +1,21 @@
-"""`python -m flipjax.bench quant`: int8 weights (`--quantization int8`) against the same
-checkpoint unquantized, on the engine benchmark's 133M model, in one run.
+"""`python -m flipjax.bench quant`: int8 weights (`--quantization int8`), 8-bit KV pages
+(`--kv-cache-dtype fp8_e4m3 | int8`) and both together, against the same checkpoint
+unquantized with KV pages in `--dtype` (bf16 by default), on the engine benchmark's 133M model,
+in one run.
 
-Quality, against the unquantized engine in `--dtype` (bf16 by default):
-- the prompt logits' largest absolute difference and the mean KL(unquantized || int8), over
-  `--prompts` random prompts of `--prompt-len` tokens (1024 positions by default);
+Quality of each variant against the unquantized one:
+- the prompt logits' largest absolute difference and the mean KL(unquantized || variant), over
+  `--prompts` random prompts of `--prompt-len` tokens (1024 positions by default), the prompts'
+  K and V read back from pages of the variant's dtype;
 - greedy agreement: how many of `--agree-tokens` greedy tokens match before the first
-  difference, and the share of positions equal, over the same prompts.
+  difference, and the share of positions equal, over the same prompts;
+- lm-eval: its harness scoring a local multiple-choice task through each engine; the mean and
+  largest |delta| of its loglikelihoods, and its accuracy.
 
-Speed: decode tok/s at each batch size, int8 against unquantized, each engine timed as
-`bench engine` times it (best of two of 1 and of n+1 tokens).
+Speed: decode tok/s at each batch size, int8 weights against unquantized, each engine timed as
+`bench engine` times it (best of two of 1 and of n+1 tokens); and the KV variants' decode
+tok/s at `--kv-context` tokens of context (prefilled once, then `--decode-tokens` steps timed).
+Capacity: each KV dtype's page bytes, and pages and tokens per GiB.
 
 The bench model's weights are random, so its logits are flat and a greedy choice is often
 between near-equal logits: agreement here is a lower bound of a trained model's.
@@ -18,48 +25,21 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure
+from flipjax.benchmarks.quant_quality import kl, lm_eval_loglikelihoods, prompt_logits, task_rows
 
-
-def prompt_logits(folder: str, dtype: str, quantization: str | None, prompts: list[list[int]]):
-    """Each prompt's logits at every position, [P, T, vocab], from the model as a one-device
-    stage runs it (the native kernels where they build)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-    from jax.sharding import Mesh
-
-    from flipjax.engine.loader import load
-    from flipjax.model.dtypes import parse_dtype
-    from flipjax.model.quantize import quantize_model
-    from flipjax.model.qwen3_next import forward, init_cache
-    from kernels_pallas import dispatch, head_parallel
-
-    model = quantize_model(load(folder, parse_dtype(dtype)).model, quantization)
-    graphdef, params = nnx.split(model)
-    params = jax.device_put(params)
-    tokens = jnp.asarray(prompts, jnp.int32)
-    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    cache = init_cache(model.cfg, len(prompts), tokens.shape[1], parse_dtype(dtype))
-    with (
-        dispatch.kernels(dispatch.default_mode()),
-        head_parallel.across(Mesh(np.array(jax.devices()[:1]), ("tp",))),
-    ):
-        logits, _ = jax.jit(forward, static_argnums=0)(graphdef, params, tokens, positions, cache)
-    return np.asarray(logits, np.float64)
-
-
-def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    def log_softmax(x: np.ndarray) -> np.ndarray:
-        x = x - x.max(axis=-1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
-    return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+VARIANTS: dict[str, dict[str, str]] = {
+    "int8 weights": dict(quantization="int8"),
+    "fp8 KV": dict(kv_cache_dtype="fp8_e4m3"),
+    "int8 KV": dict(kv_cache_dtype="int8"),
+    "int8 w + fp8 KV": dict(quantization="int8", kv_cache_dtype="fp8_e4m3"),
+}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--agree-tokens", type=int, default=256)
     p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--kv-context", type=int, default=4096)
+    p.add_argument("--kv-batch-sizes", default="1,8,32")
     args = p.parse_args(argv)
     try:
         import torch
@@ -85,70 +67,147 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: argparse.Namespace, folder: Path) -> None:
-    from flipjax import Engine, SamplingParams
+    from flipjax import Engine
 
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    longest = max(args.prompt_len + args.agree_tokens, args.prompt_len + args.decode_tokens)
+    kv_batches = [int(b) for b in args.kv_batch_sizes.split(",")]
+    longest = max(args.prompt_len + args.agree_tokens, args.kv_context + args.decode_tokens)
+    rows = max(*batches, *kv_batches, args.prompts)
     options = dict(
         dtype=args.dtype,
-        max_running_requests=max(max(batches), args.prompts),
-        max_prefill_tokens=max(batches) * args.prompt_len,
+        max_running_requests=rows,
+        max_prefill_tokens=max(max(batches) * args.prompt_len, 2048),
         max_model_len=longest + 16,
-        num_pages=max(max(batches), args.prompts) * (longest // 16 + 2),
+        num_pages=rows * (longest // 16 + 2),
     )
-    engines = {
-        args.dtype: Engine.from_pretrained(str(folder), **options),
-        "int8": Engine.from_pretrained(str(folder), quantization="int8", **options),
-    }
+    base_name = f"{args.dtype} (KV {args.dtype})"
+    engines = {base_name: Engine.from_pretrained(str(folder), **options)}
+    for name, variant in VARIANTS.items():
+        engines[name] = Engine.from_pretrained(str(folder), **options, **variant)
     for engine in engines.values():
         engine.warmup()
-    weights = {k: sum(d.bytes["weights"] for d in e.memory().devices) for k, e in engines.items()}
-    full, int8 = weights[args.dtype], weights["int8"]
-    print(
-        f"model: 133M parameters, activations {args.dtype}; weights {full / 2**20:.0f} MiB "
-        f"unquantized, {int8 / 2**20:.0f} MiB int8 ({int8 / full:.2f}x)"
-    )
+    _sizes(engines, base_name)
+    _quality(args, folder, engines, base_name)
+    _weight_speed(args, engines, base_name, batches)
+    _kv_speed(args, engines, base_name, kv_batches)
+
+
+def _sizes(engines: dict[str, Any], base_name: str) -> None:
+    print(f"{'variant':>16} {'weights MiB':>11} {'page KiB':>9} {'pages/GiB':>10} {'tok/GiB':>9}")
+    for name, engine in engines.items():
+        (line,) = engine.memory().devices
+        pages = engine.info.config.engine.num_pages
+        page = line.bytes["kv_pages"] / pages
+        print(
+            f"{name:>16} {line.bytes['weights'] / 2**20:>11.0f} {page / 2**10:>9.1f} "
+            f"{2**30 / page:>10.0f} {2**30 / page * engine.info.config.engine.page_size:>9.0f}"
+        )
+
+
+def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: str) -> None:
+    from flipjax import SamplingParams
+
     rng = np.random.default_rng(0)
     vocab = REFERENCE_CONFIG["vocab_size"]
     prompts = [list(map(int, rng.integers(0, vocab, args.prompt_len))) for _ in range(args.prompts)]
-    base, quant = engines[args.dtype], engines["int8"]
-    a = prompt_logits(str(folder), args.dtype, None, prompts)
-    b = prompt_logits(str(folder), args.dtype, "int8", prompts)
-    print(
-        f"logits over {a.shape[0] * a.shape[1]} positions: max |diff| {np.abs(a - b).max():.4f} "
-        f"(logits' own spread: std {a.std():.3f}), mean KL {_kl(a, b):.2e} nats"
-    )
     greedy = SamplingParams(temperature=0, max_tokens=args.agree_tokens, ignore_eos=True)
-    runs = [[o.token_ids for o in e.generate(prompts, sampling=greedy)] for e in (base, quant)]
-    prefixes, equal = [], 0
-    for x, y in zip(*runs, strict=True):
-        differ = [i for i, (s, t) in enumerate(zip(x, y, strict=True)) if s != t]
-        prefixes.append(differ[0] if differ else len(x))
-        equal += sum(s == t for s, t in zip(x, y, strict=True))
+    rows = task_rows(vocab)
+    logits, runs, scores = {}, {}, {}
+    for name, engine in engines.items():
+        variant = VARIANTS.get(name, {})
+        logits[name] = prompt_logits(
+            str(folder),
+            args.dtype,
+            variant.get("quantization"),
+            variant.get("kv_cache_dtype", "auto"),
+            prompts,
+        )
+        runs[name] = [o.token_ids for o in engine.generate(prompts, sampling=greedy)]
+        scores[name] = lm_eval_loglikelihoods(engine, rows)
+    a, (base_ll, base_acc) = logits[base_name], scores[base_name]
     print(
-        f"greedy over {args.agree_tokens} tokens x {args.prompts} prompts: first difference at "
-        f"{sorted(prefixes)} (median {int(np.median(prefixes))}); "
-        f"{equal / (args.prompts * args.agree_tokens):.0%} of positions equal"
+        f"quality against {base_name}: logits over {a.shape[0] * a.shape[1]} positions (their "
+        f"std {a.std():.3f}); greedy over {args.agree_tokens} tokens x {args.prompts} prompts; "
+        f"lm-eval loglikelihoods of {base_ll.size} choices (accuracy {base_acc:.2f} unquantized)"
     )
-    print(f"{'batch':>5} {'weights':>9} {'prefill tok/s':>14} {'decode tok/s':>13}")
-    for batch in batches:
-        batch_prompts = [
-            list(map(int, rng.integers(0, vocab, args.prompt_len))) for _ in range(batch)
-        ]
-        timings = {}
-        for name, engine in engines.items():
+    print(
+        f"{'variant':>16} {'max|dlogit|':>11} {'mean KL':>9} {'first diff (median)':>20} "
+        f"{'equal':>6} {'lm-eval mean|d|':>15} {'max|d|':>7} {'acc':>5}"
+    )
+    for name in VARIANTS:
+        b, (ll, acc) = logits[name], scores[name]
+        prefixes, equal = [], 0
+        for x, y in zip(runs[base_name], runs[name], strict=True):
+            differ = [i for i, (s, t) in enumerate(zip(x, y, strict=True)) if s != t]
+            prefixes.append(differ[0] if differ else len(x))
+            equal += sum(s == t for s, t in zip(x, y, strict=True))
+        delta = np.abs(ll - base_ll)
+        print(
+            f"{name:>16} {np.abs(a - b).max():>11.4f} {kl(a, b):>9.2e} "
+            f"{int(np.median(prefixes)):>20} {equal / (args.prompts * args.agree_tokens):>6.0%} "
+            f"{delta.mean():>15.4f} {delta.max():>7.4f} {acc:>5.2f}"
+        )
 
-            def run(n: int, engine=engine, prompts=batch_prompts) -> None:
+
+def _weight_speed(args: argparse.Namespace, engines: dict, base_name: str, batches: list) -> None:
+    from flipjax import SamplingParams
+
+    rng = np.random.default_rng(1)
+    vocab = REFERENCE_CONFIG["vocab_size"]
+    print(f"weights, {args.prompt_len}-token prompts")
+    print(f"{'batch':>5} {'variant':>16} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    for batch in batches:
+        prompts = [list(map(int, rng.integers(0, vocab, args.prompt_len))) for _ in range(batch)]
+        timings = {}
+        for name in (base_name, "int8 weights"):
+            engine = engines[name]
+
+            def run(n: int, engine=engine, prompts=prompts) -> None:
                 engine.flush_prefix_cache()
                 params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
                 engine.generate(prompts, sampling=params)
 
-            timings[name] = measure(run, batch, args.prompt_len, args.decode_tokens)
-            t = timings[name]
-            print(f"{batch:>5} {name:>9} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f}")
-        a, b = timings[args.dtype], timings["int8"]
-        label = "int8 vs " + args.dtype[:4]
+            timings[name] = t = measure(run, batch, args.prompt_len, args.decode_tokens)
+            print(f"{batch:>5} {name:>16} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f}")
+        a, b = timings[base_name], timings["int8 weights"]
         print(
-            f"{batch:>5} {label:>9} {b.prefill_tok_s / a.prefill_tok_s:>13.2f}x "
-            f"{b.decode_tok_s / a.decode_tok_s:>12.2f}x"
+            f"{batch:>5} {'int8 / ' + args.dtype[:4]:>16} "
+            f"{b.prefill_tok_s / a.prefill_tok_s:>13.2f}x {b.decode_tok_s / a.decode_tok_s:>12.2f}x"
         )
+
+
+def _kv_speed(args: argparse.Namespace, engines: dict, base_name: str, batches: list) -> None:
+    rng = np.random.default_rng(2)
+    vocab = REFERENCE_CONFIG["vocab_size"]
+    names = (base_name, "fp8 KV", "int8 KV")
+    print(f"KV pages, decode at {args.kv_context} tokens of context")
+    print(f"{'batch':>5} " + " ".join(f"{n:>18}" for n in names) + "   fp8 / base  int8 / base")
+    for batch in batches:
+        prompts = [list(map(int, rng.integers(0, vocab, args.kv_context))) for _ in range(batch)]
+        rates = [_decode_rate(engines[n], prompts, args.decode_tokens) for n in names]
+        cells = " ".join(f"{r:>12.1f} tok/s" for r in rates)
+        print(f"{batch:>5} {cells}   {rates[1] / rates[0]:>9.2f}x {rates[2] / rates[0]:>10.2f}x")
+
+
+def _decode_rate(engine: Any, prompts: list[list[int]], steps: int) -> float:
+    """Decode tok/s of `prompts` together once every one is prefilled (the better of two runs
+    of `steps` tokens each; the prefill is not timed): decode rows over the steps' time."""
+    from flipjax import SamplingParams
+
+    best = 0.0
+    for _ in range(2):
+        engine.flush_prefix_cache()
+        params = SamplingParams(temperature=0, max_tokens=steps + 1, ignore_eos=True)
+        for p in prompts:
+            engine.add_request(p, params)
+        while True:  # the prefill is over once a step decodes every row and prefills nothing
+            engine.step()
+            last = engine.last_step
+            if last.prefill_tokens == 0 and last.decode_rows == len(prompts):
+                break
+        rows, t0 = 0, time.perf_counter()
+        while engine.has_unfinished():
+            engine.step()
+            rows += engine.last_step.decode_rows
+        best = max(best, rows / (time.perf_counter() - t0))
+    return best

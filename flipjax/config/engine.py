@@ -15,6 +15,9 @@ from flipjax.model.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig, check_
 from flipjax.runtime.hybrid import check_interval, default_interval
 from sharding.budgets import parse_size, parse_sizes
 
+# vLLM's names; 'fp8' is its alias of the e4m3 format.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "int8")
+
 
 class GridStore(Protocol):
     """What the cache config asks of a prefix store: its page size and GDN grid."""
@@ -50,6 +53,12 @@ class EngineConfig:
         "KV pages in the device pool (default: as many as the --device-memory budgets leave "
         "in every layout the engine starts with, else 1024; with budgets, a cap)",
     )
+    kv_cache_dtype: str = option(
+        "auto",
+        "the KV pages' dtype: 'auto' (the model's), or 8 bits with a scale per page and KV "
+        "head, 'fp8_e4m3' (alias 'fp8') or 'int8'; GDN states keep their own dtypes",
+        choices=KV_CACHE_DTYPES,
+    )
     max_running_requests: int = option(32, "requests decoding at once")
     num_slots: int | None = option(
         None,
@@ -73,6 +82,11 @@ class EngineConfig:
                 continue
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype: {self.kv_cache_dtype!r} is not supported; use one of "
+                f"{KV_CACHE_DTYPES}"
+            )
         if self.num_slots is not None and self.num_slots < self.max_running_requests:
             raise ValueError(
                 f"num_slots: {self.num_slots} is below max_running_requests "

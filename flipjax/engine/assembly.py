@@ -36,7 +36,7 @@ from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime import multihost
 from flipjax.runtime.allocator import Allocator
-from flipjax.runtime.cache import init_cache_state
+from flipjax.runtime.cache import kv_page_dtype
 from flipjax.runtime.model_runner import ModelRunner, RunnerShape
 from flipjax.runtime.placement import Placement, single_device
 from sharding.auto_layout import AUTO, choose
@@ -85,6 +85,7 @@ def assemble(
     config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params)
     ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)
+    _check_store_dtypes(config, prefix_store)
     allocator = Allocator(ec.num_pages, ec.slots, ec.page_size)
     prefix_cache = None
     if cc.prefix_cache and ec.slots > ec.max_running_requests:
@@ -139,6 +140,23 @@ def assemble(
     )
 
 
+def page_dtype(config: FlipjaxConfig) -> str:
+    """The name of the KV pages' dtype `config` asks for."""
+    dtype = parse_dtype(config.model.dtype)
+    return jnp.dtype(kv_page_dtype(config.engine.kv_cache_dtype, dtype)).name
+
+
+def _check_store_dtypes(config: FlipjaxConfig, store: PrefixStore | None) -> None:
+    """A store holds one model dtype's GDN states and one dtype's KV pages: another engine's
+    pages are never served (or stored) here."""
+    want = (config.model.dtype, page_dtype(config))
+    if store is not None and tuple(store.dtypes) != want:
+        raise ValueError(
+            f"prefix_store: holds {store.dtypes[1]} KV pages of a {store.dtypes[0]} model; this "
+            f"engine's are {want[1]} pages of a {want[0]} model (--dtype, --kv-cache-dtype)"
+        )
+
+
 def _runner_shape(config: FlipjaxConfig, cfg: ModelConfig, dtype: jnp.dtype) -> RunnerShape:
     ec = config.engine
     return RunnerShape(
@@ -150,6 +168,7 @@ def _runner_shape(config: FlipjaxConfig, cfg: ModelConfig, dtype: jnp.dtype) -> 
         ec.model_len(cfg),
         ec.max_running_requests,
         ec.max_prefill_tokens,
+        kv_page_dtype(ec.kv_cache_dtype, dtype),
     )
 
 
@@ -206,7 +225,7 @@ def _sized(
         sizes = {p.name: sizer(p) for p in placements}
         pages = sizes[placement.name]
     config = dataclasses.replace(config, engine=dataclasses.replace(ec, num_pages=pages))
-    pools = jax.eval_shape(lambda: init_cache_state(cfg, pages, ec.page_size, ec.slots, dtype))
+    pools = shape.pools(pages)
     if (why := overdraft(placement, cfg, params, pools, budgets)) is not None:
         raise BudgetError(f"the engine does not fit its memory budget: {why}")
     return config, placement, budgets, sizes, sizer

@@ -18,6 +18,7 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from kernels_pallas import dispatch
+from kernels_pallas.matmul.token_rounding import round_tokens_to_int8
 from kernels_pallas.matmul.xla_form import xla_matmul
 
 
@@ -44,7 +45,7 @@ class Linear(nnx.Module):
         w = self.kernel[...]
         if self.scale is not None:
             if self.int8_activations:
-                x = dispatch.round_tokens_to_int8(x)
+                x = round_tokens_to_int8(x)
             return dispatch.quantized_matmul(x, w, self.scale[...], split=self.split or "out")
         num_rows = math.prod(x.shape[:-1])
         native = dispatch.matmul(num_rows, w.shape[1], w.dtype)

@@ -17,6 +17,7 @@ from flax import nnx
 from flipjax.model.config import ModelConfig
 from flipjax.model.layers import Linear
 from kernels_pallas import dispatch
+from kernels_pallas.matmul.token_rounding import round_tokens_to_int8
 
 
 class Qwen3NextMLP(nnx.Module):
@@ -68,7 +69,7 @@ class Qwen3NextExperts(nnx.Module):
         scale = getattr(self, f"{name}_scale")
         scale = None if scale is None else scale[...]
         if scale is not None and self.int8_activations:
-            x = dispatch.round_tokens_to_int8(x)
+            x = round_tokens_to_int8(x)
         return dispatch.ragged_dot(
             x, getattr(self, name)[...], group_sizes, split=split, scale=scale
         )

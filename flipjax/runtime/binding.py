@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.gated_deltanet import GDNState
-from flipjax.runtime.cache import CacheState, GDNSlots
+from flipjax.runtime.cache import CacheState, GDNSlots, kv_scaled
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.cpu_dots import step_compiler_options
 from flipjax.runtime.crosshost import reshard
@@ -96,7 +96,7 @@ class Binding(StageChain):
             params = image.tree(image.place(shardings))
         else:
             params = reshard(params, shardings)
-        state_sh = placement.state_shardings(binding["cfg"])
+        state_sh = placement.state_shardings(binding["cfg"], kv_scales=kv_scaled(pools))
         state = jax.tree.map(lambda x, s: placed_zeros(x.shape, x.dtype, s), pools, state_sh)
         return cls(placement, params=params, state=state, **binding)
 
@@ -175,7 +175,7 @@ def compile_programs(
     run for a layout before any array moves to it (arming).
     """
     cfg, placement = binding.cfg, binding.placement
-    state_sh = placement.state_shardings(cfg)
+    state_sh = placement.state_shardings(cfg, kv_scales=kv_scaled(binding.state))
     params = _abstract(binding.params, placement.param_shardings(binding.params))
     state = _abstract(binding.state, state_sh)
     shapes = list(shapes)

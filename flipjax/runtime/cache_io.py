@@ -1,7 +1,8 @@
 """Moving pooled state between the device and canonical host arrays, for the store.
 
 Canonical shapes (the store's payload layout): a page is `[kv_layers, 2, page_size, kv_heads,
-head_dim]`; a GDN state is recurrent `[gdn_layers, v_heads, dk, dv]` and conv
+head_dim]`, with its scales `[kv_layers, 2, kv_heads]` when 8-bit (`HostPages`); a GDN state is
+recurrent `[gdn_layers, v_heads, dk, dv]` and conv
 `[gdn_layers, kernel - 1, conv_dim]`. Reads gather from whatever placement the state has;
 writes scatter into it in place (donated). Nothing here depends on the layout.
 """
@@ -15,8 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from flipjax.runtime.buckets import pow2_bucket
-from flipjax.runtime.cache import CacheState, GDNSlots, KVPages
+from flipjax.runtime.cache import CacheState, GDNSlots, KVPages, kv_scaled
 from flipjax.runtime.crosshost import to_host
+from flipjax.runtime.host_pages import HostPages
 
 
 @jax.jit
@@ -44,11 +46,16 @@ def _pad_rows(rows: np.ndarray, n: int) -> np.ndarray:
 # different devices, and a program can only take arrays from one device set.
 
 
-def read_pages(state: CacheState, pages: list[int]) -> np.ndarray:
+def read_pages(state: CacheState, pages: list[int]) -> HostPages:
     ids = _bucketed(pages, 0)
-    per_layer = to_host([(_gather(p.k, ids), _gather(p.v, ids)) for p in state.kv])
-    # -> [n, layers, 2, page_size, kv_heads, head_dim]
-    return np.stack([np.stack(kv, axis=1) for kv in per_layer], axis=1)[: len(pages)]
+    per_layer = to_host([[_gather(x, ids) for x in jax.tree.leaves(p)] for p in state.kv])
+    n = len(pages)
+    # -> [n, layers, 2, page_size, kv_heads, head_dim]; scales [n, layers, 2, kv_heads]
+    values = np.stack([np.stack(kv[:2], axis=1) for kv in per_layer], axis=1)[:n]
+    if not kv_scaled(state):
+        return HostPages(values)
+    scales = np.stack([np.stack(kv[2:], axis=1) for kv in per_layer], axis=1)[:n]
+    return HostPages(values, scales)
 
 
 def read_slot(state: CacheState, slot: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,15 +64,25 @@ def read_slot(state: CacheState, slot: int) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([r for r, _ in rows]), np.stack([c for _, c in rows])
 
 
-def write_pages(state: CacheState, pages: list[int], data: np.ndarray) -> CacheState:
+def write_pages(state: CacheState, pages: list[int], data: HostPages) -> CacheState:
+    if (data.scales is not None) != kv_scaled(state):
+        raise ValueError("write_pages: 8-bit pages need their scales, and float pages have none")
     num_pages = state.kv[0].k.shape[0] if state.kv else 0
     ids = _bucketed(pages, num_pages)
-    data = _pad_rows(np.asarray(data), len(ids))
-    kv = tuple(
-        KVPages(_scatter(p.k, ids, data[:, i, 0]), _scatter(p.v, ids, data[:, i, 1]))
-        for i, p in enumerate(state.kv)
-    )
-    return CacheState(kv=kv, gdn=state.gdn)
+    values = _pad_rows(np.asarray(data.values), len(ids))
+    scales = None if data.scales is None else _pad_rows(np.asarray(data.scales), len(ids))
+
+    def layer(i: int, p: KVPages) -> KVPages:
+        pages = (_scatter(p.k, ids, values[:, i, 0]), _scatter(p.v, ids, values[:, i, 1]))
+        if scales is None:
+            return KVPages(*pages)
+        return KVPages(
+            *pages,
+            _scatter(p.k_scale, ids, scales[:, i, 0]),
+            _scatter(p.v_scale, ids, scales[:, i, 1]),
+        )
+
+    return CacheState(kv=tuple(layer(i, p) for i, p in enumerate(state.kv)), gdn=state.gdn)
 
 
 def write_slot(state: CacheState, slot: int, rec: np.ndarray, conv: np.ndarray) -> CacheState:
@@ -93,7 +110,7 @@ def copy_page(state: CacheState, src: int, dst: int) -> CacheState:
     """Copy KV page `src` into page `dst` on the device, in every layer (a forked choice's own
     copy of its parent's last, partly filled page)."""
     i, j = np.asarray(src, np.int32), np.asarray(dst, np.int32)
-    kv = tuple(KVPages(_copy_row(p.k, i, j), _copy_row(p.v, i, j)) for p in state.kv)
+    kv = jax.tree.map(lambda x: _copy_row(x, i, j), state.kv)
     return CacheState(kv=kv, gdn=state.gdn)
 
 
@@ -103,10 +120,8 @@ def warm(state: CacheState, max_pages: int) -> CacheState:
     n = 1
     while True:
         read_pages(state, [0] * n)
-        kv = state.kv[0].k if state.kv else None
-        if kv is not None:
-            empty = np.zeros((0, len(state.kv), 2, *kv.shape[1:]), kv.dtype)
-            state = write_pages(state, [kv.shape[0]] * n, _pad_rows(empty, n))
+        if state.kv:
+            state = write_pages(state, [state.kv[0].k.shape[0]] * n, _empty_pages(state, n))
         if n >= max_pages:
             break
         n *= 2
@@ -139,6 +154,14 @@ def warm_shapes(state: CacheState, shardings: CacheState, max_pages: int) -> Non
         _gather.lower(pool, one).compile()
         _scatter.lower(pool, one, jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)).compile()
         _copy_row.lower(pool, one, one).compile()
+
+
+def _empty_pages(state: CacheState, n: int) -> HostPages:
+    kv = state.kv[0]
+    values = np.zeros((n, len(state.kv), 2, *kv.k.shape[1:]), kv.k.dtype)
+    if not kv_scaled(state):
+        return HostPages(values)
+    return HostPages(values, np.zeros((n, len(state.kv), 2, kv.k.shape[2]), np.float32))
 
 
 def _pow2_up_to(limit: int) -> list[int]:

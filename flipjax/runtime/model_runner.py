@@ -28,6 +28,7 @@ from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.host_image import HostImage
+from flipjax.runtime.host_pages import HostPages
 from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.placement import Placement, single_device
 from flipjax.runtime.plan_codec import carried
@@ -65,6 +66,16 @@ class RunnerShape:
     max_model_len: int
     max_running_requests: int
     max_prefill_tokens: int
+    kv_dtype: jnp.dtype | None = None  # the KV pages' (`cache.kv_page_dtype`); None: `dtype`
+
+    def pools(self, num_pages: int | None = None) -> CacheState:
+        """The shapes of the pools (with `num_pages` pages, default the shape's own)."""
+        pages = self.num_pages if num_pages is None else num_pages
+        return jax.eval_shape(
+            lambda: init_cache_state(
+                self.cfg, pages, self.page_size, self.num_slots, self.dtype, self.kv_dtype
+            )
+        )
 
 
 class ModelRunner:
@@ -85,11 +96,7 @@ class ModelRunner:
         self.compiles = CompileCounter()
         self.kernels = dispatch.current_mode()
         self.parts = ModelParts.of(graphdef, params)
-        pools = jax.eval_shape(
-            lambda: init_cache_state(
-                cfg, shape.num_pages, shape.page_size, shape.num_slots, shape.dtype
-            )
-        )
+        pools = shape.pools()
         # Every placement of the weights (this one, a flip's, a failed flip's way back) is
         # written from this host copy; None where the weights span processes.
         self.image = HostImage.of(params)
@@ -201,7 +208,7 @@ class ModelRunner:
     # -- moving pooled state (the prefix cache and the store; see `cache_io`) --------------------
 
     @mirrored
-    def read_pages(self, pages: list[int]) -> np.ndarray:
+    def read_pages(self, pages: list[int]) -> HostPages:
         with self.compiles.watch():
             return cache_io.read_pages(self.state, pages)
 
@@ -212,7 +219,7 @@ class ModelRunner:
 
     @mirrored
     def write(
-        self, pages: list[int], kv: np.ndarray, slot: int, rec: np.ndarray, conv: np.ndarray
+        self, pages: list[int], kv: HostPages, slot: int, rec: np.ndarray, conv: np.ndarray
     ) -> None:
         """Write stored pages of KV and a GDN state (into `slot`) where a request resumes."""
         with self.compiles.watch():

@@ -33,18 +33,24 @@ from kernels_pallas.paged_attention.pages import write_pages
 
 
 class PagedKV(NamedTuple):
-    """Attention cache for one layer: its pages and the batch's page tables [B, max_pages]."""
+    """Attention cache for one layer: its pages (`KVPages`) and the batch's page tables
+    [B, max_pages]."""
 
-    k_pages: jax.Array
-    v_pages: jax.Array
+    pages: KVPages
     page_table: jax.Array
 
     def update_and_attend(
         self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array
     ) -> tuple[jax.Array, PagedKV]:
-        k_pages, v_pages = write_pages(self.k_pages, self.v_pages, k, v, self.page_table, positions)
-        out = dispatch.paged_attention(q, k_pages, v_pages, self.page_table, positions)
-        return out, PagedKV(k_pages, v_pages, self.page_table)
+        old, table = self.pages, self.page_table
+        writer = dispatch.page_writer()
+        pages = KVPages(
+            *write_pages(old.k, old.v, k, v, table, positions, old.k_scale, old.v_scale, writer)
+        )
+        out = dispatch.paged_attention(
+            q, pages.k, pages.v, self.page_table, positions, pages.k_scale, pages.v_scale
+        )
+        return out, PagedKV(pages, self.page_table)
 
 
 class PooledGDN(NamedTuple):
@@ -127,7 +133,7 @@ def stage_step(
     for i in span.layers:
         if cfg.layer_types[i] == FULL_ATTENTION:
             pages = next(kv_iter)
-            caches.append(PagedKV(pages.k, pages.v, page_table))
+            caches.append(PagedKV(pages, page_table))
         else:
             slots = next(gdn_iter)
             # A fresh row reads no slot: one past the pool reads zeros.
@@ -144,7 +150,7 @@ def stage_step(
     new_kv, rows = [], []
     for i, new in zip(span.layers, new_caches, strict=True):
         if cfg.layer_types[i] == FULL_ATTENTION:
-            new_kv.append(KVPages(new.k_pages, new.v_pages))
+            new_kv.append(new.pages)
         else:
             rows.append(new)
     if updates_in_place(cfg, kernels, mesh, x.shape[1]):

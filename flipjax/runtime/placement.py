@@ -73,14 +73,22 @@ class Placement:
 
         return jax.tree_util.tree_map_with_path(sharding, params)
 
-    def state_shardings(self, cfg: ModelConfig) -> CacheState:
+    def state_shardings(self, cfg: ModelConfig, *, kv_scales: bool) -> CacheState:
+        """Where each pool leaf lives; `kv_scales`: the KV pages are 8-bit, with scales
+        [pages, kv_heads] split like the pages' KV heads (`cache.kv_scaled`)."""
+
         def stage(layer: int) -> StagePlacement:
             return self.stages[self.stage_of_layer(layer)]
 
-        kv = tuple(
-            KVPages(*(NamedSharding(stage(i).mesh, stage(i).kv_spec),) * 2)
-            for i in cfg.full_attention_layers
-        )
+        def kv_layer(i: int) -> KVPages:
+            mesh, spec = stage(i).mesh, stage(i).kv_spec
+            pages = (NamedSharding(mesh, spec),) * 2
+            if not kv_scales:
+                return KVPages(*pages)
+            scale = NamedSharding(mesh, PartitionSpec(*spec[:1], *spec[2:3]))
+            return KVPages(*pages, scale, scale)
+
+        kv = tuple(kv_layer(i) for i in cfg.full_attention_layers)
         gdn = tuple(
             GDNSlots(
                 NamedSharding(stage(i).mesh, stage(i).recurrent_spec),

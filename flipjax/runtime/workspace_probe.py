@@ -19,7 +19,6 @@ from flax import nnx
 
 from flipjax.runtime.binding import Binding, compile_programs
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
-from flipjax.runtime.cache import init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
@@ -33,11 +32,7 @@ def probe_workspace(
     """Per device id of `placement`, the largest temporary bytes of its widest decode and
     longest prefill step programs."""
     cfg = shape.cfg
-    state = jax.eval_shape(
-        lambda: init_cache_state(
-            cfg, shape.num_pages, shape.page_size, shape.num_slots, shape.dtype
-        )
-    )
+    state = shape.pools()
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     binding = Binding(
         placement,

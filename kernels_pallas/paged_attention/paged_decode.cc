@@ -8,16 +8,22 @@
 // softmax, and reads the values once for the outputs.
 //
 // q f32[B, H, D] (head h = kv * G + g); k, v [P, S, Hkv, D], f32 (FlipjaxPagedDecode) or bf16
-// (FlipjaxPagedDecodeBf16, widened exactly); page_table s32[B, W]; positions s32[B], the query's
-// position, which attends to positions 0..pos (-1: a padding row, whose output is zero).
-// Returns f32[B, H, D]. A page id outside [0, P) among a row's first pos / S + 1 entries is an
-// error: the engine never makes one, and reading it would read another buffer.
+// (FlipjaxPagedDecodeBf16, widened exactly), or 8-bit, int8 (FlipjaxPagedDecodeInt8) or fp8
+// e4m3fn (FlipjaxPagedDecodeFp8), followed by k_scale, v_scale f32[P, Hkv]: element [p, s, h, d]
+// is worth pages[p, s, h, d] * scale[p, h]. An 8-bit position is widened exactly once for the
+// whole group, and its scale applied once to each score and probability rather than to every
+// element, so 8-bit pages cost bf16's arithmetic for half its bytes. page_table s32[B, W];
+// positions s32[B], the query's position, which attends to positions 0..pos (-1: a padding row,
+// whose output is zero). Returns f32[B, H, D]. A page id outside [0, P) among a row's first
+// pos / S + 1 entries is an error: the engine never makes one, and reading it would read
+// another buffer.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "parallel.h"
@@ -38,6 +44,36 @@ inline float Widen(uint16_t bits) {  // a bf16 is the top half of an fp32
   std::memcpy(&x, &word, sizeof x);
   return x;
 }
+
+// fp8 e4m3fn's bits, a type of their own so that they widen by their format, not as a number.
+struct Fp8 { uint8_t bits; };
+
+inline float Widen(int8_t x) { return static_cast<float>(x); }
+
+// Exact, and written so that GCC vectorizes it (a 256-entry table becomes a gather, measured 3x
+// slower; building a subnormal from its mantissa as an integer, 1.5x). A normal number moves its
+// exponent from bias 7 to 127. A subnormal (exponent 0), m * 2^-9, is first made the normal
+// (1 + m/8) * 2^-6, from which 2^-6 is then subtracted exactly; decoding it as an fp32 subnormal
+// instead would fail where XLA's threads treat those as zero. 0x7F and 0xFF (NaN) are never
+// written: flipjax clamps to +-448 before the cast.
+inline float Widen(Fp8 x) {
+  const uint32_t b = x.bits;
+  const bool subnormal = (b & 0x78u) == 0;
+  const uint32_t word = ((b & 0x7Fu) << 20) + ((subnormal ? 121u : 120u) << 23);
+  float magnitude;
+  std::memcpy(&magnitude, &word, sizeof magnitude);
+  magnitude -= subnormal ? 0x1p-6f : 0.0f;
+  return (b & 0x80u) ? -magnitude : magnitude;
+}
+
+template <typename T>
+constexpr bool kEightBit = std::is_same_v<T, int8_t> || std::is_same_v<T, Fp8>;
+
+// One scale per page and KV head, f32[P, Hkv] (8-bit pages); none for float pages.
+struct Scales {
+  const float *k = nullptr, *v = nullptr;
+  ffi::Span<const int64_t> k_dims, v_dims;
+};
 
 template <typename T>
 float Dot(const float* a, const T* b, int64_t d) {
@@ -62,8 +98,9 @@ struct Shape {
 
 // Row b, KV head kv: out[b, kv * G + g, :] for each g of the group.
 template <typename T>
-void Attend(const Shape& s, const float* q, const T* k, const T* v, const int32_t* table,
-            int32_t position, int64_t b, int64_t kv, float* out, std::vector<float>& scores) {
+void Attend(const Shape& s, const float* q, const T* k, const T* v, Scales scales,
+            const int32_t* table, int32_t position, int64_t b, int64_t kv, float* out,
+            std::vector<float>& scores, std::vector<float>& row) {
   const int64_t group = s.heads / s.kv_heads, d = s.dim;
   float* o = out + (b * s.heads + kv * group) * d;
   std::fill(o, o + group * d, 0.0f);
@@ -74,13 +111,31 @@ void Attend(const Shape& s, const float* q, const T* k, const T* v, const int32_
   const float* qb = q + (b * s.heads + kv * group) * d;
   for (int64_t i = 0; i < group * d; ++i) scaled[i] = qb[i] * scale;
   scores.resize(group * n);
-  auto at = [&](const T* pages, int64_t j) {
-    const int64_t page = table[b * s.width + j / s.page_size];
-    return pages + ((page * s.page_size + j % s.page_size) * s.kv_heads + kv) * d;
+  row.resize(d);
+  auto page = [&](int64_t j) { return table[b * s.width + j / s.page_size]; };
+  // A position's d values: float pages' own; 8-bit ones widened once into `row` (in L1) for
+  // the whole group, so that each dot runs on floats.
+  auto values = [&](const T* pages, int64_t j) {
+    const T* x = pages + ((page(j) * s.page_size + j % s.page_size) * s.kv_heads + kv) * d;
+    if constexpr (kEightBit<T>) {
+      for (int64_t i = 0; i < d; ++i) row[i] = Widen(x[i]);
+      return static_cast<const float*>(row.data());
+    } else {
+      return x;
+    }
+  };
+  // Float pages have no scale: the 1 folds away, leaving their arithmetic as it was.
+  auto scale_of = [&](const float* scale, int64_t j) {
+    if constexpr (kEightBit<T>) {
+      return scale[page(j) * s.kv_heads + kv];
+    } else {
+      return 1.0f;
+    }
   };
   for (int64_t j = 0; j < n; ++j) {
-    const T* kj = at(k, j);
-    for (int64_t g = 0; g < group; ++g) scores[g * n + j] = Dot(&scaled[g * d], kj, d);
+    const auto* kj = values(k, j);
+    const float ks = scale_of(scales.k, j);
+    for (int64_t g = 0; g < group; ++g) scores[g * n + j] = ks * Dot(&scaled[g * d], kj, d);
   }
   std::vector<float> inverse(group);
   for (int64_t g = 0; g < group; ++g) {
@@ -91,9 +146,10 @@ void Attend(const Shape& s, const float* q, const T* k, const T* v, const int32_
     inverse[g] = 1.0f / total;
   }
   for (int64_t j = 0; j < n; ++j) {
-    const T* vj = at(v, j);
+    const auto* vj = values(v, j);
+    const float vs = scale_of(scales.v, j);
     for (int64_t g = 0; g < group; ++g) {
-      const float p = scores[g * n + j];
+      const float p = scores[g * n + j] * vs;
       float* og = o + g * d;
       for (int64_t i = 0; i < d; ++i) og[i] += p * Widen(vj[i]);
     }
@@ -107,7 +163,7 @@ template <typename T>
 ffi::Error Decode(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32>& q, const T* k, const T* v,
                   ffi::Span<const int64_t> kd, ffi::Span<const int64_t> vd,
                   ffi::Buffer<ffi::S32>& table, ffi::Buffer<ffi::S32>& positions,
-                  ffi::ResultBuffer<ffi::F32>& out) {
+                  ffi::ResultBuffer<ffi::F32>& out, Scales scales = {}) {
   if (!SameShape(kd, vd)) {
     return ffi::Error::InvalidArgument("paged decode: K and V pages differ in shape");
   }
@@ -120,6 +176,14 @@ ffi::Error Decode(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32>& q, const T* k
         "page_table [B, W] and positions [B]");
   }
   const Shape s{qd[0], qd[1], qd[2], kd[0], kd[1], kd[2], td[1]};
+  if constexpr (kEightBit<T>) {
+    const std::vector<int64_t> want{s.pages, s.kv_heads};
+    if (!SameShape(scales.k_dims, want) || !SameShape(scales.v_dims, want)) {
+      return ffi::Error::InvalidArgument(
+          "paged decode: k_scale and v_scale must be f32[P, Hkv] = [" + std::to_string(s.pages) +
+          ", " + std::to_string(s.kv_heads) + "], one per page and KV head");
+    }
+  }
   const int32_t* tp = table.typed_data();
   const int32_t* pos = positions.typed_data();
   int64_t deepest = 0;
@@ -145,10 +209,10 @@ ffi::Error Decode(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32>& q, const T* k
   const int64_t max_threads = std::max<int64_t>(1, work / kWorkPerThread);
   flipjax::ParallelFor(threads, s.rows * s.kv_heads, 4, max_threads,
                        [=](int64_t first, int64_t last) {
-                         std::vector<float> scores;
+                         std::vector<float> scores, row;
                          for (int64_t item = first; item < last; ++item) {
                            const int64_t b = item / s.kv_heads, kv = item % s.kv_heads;
-                           Attend(s, qp, k, v, tp, pos[b], b, kv, op, scores);
+                           Attend(s, qp, k, v, scales, tp, pos[b], b, kv, op, scores, row);
                          }
                        });
   return ffi::Error::Success();
@@ -169,6 +233,38 @@ ffi::Error PagedDecodeBf16Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q,
   const auto* kb = reinterpret_cast<const uint16_t*>(k.untyped_data());
   const auto* vb = reinterpret_cast<const uint16_t*>(v.untyped_data());
   return Decode(threads, q, kb, vb, k.dimensions(), v.dimensions(), table, positions, out);
+}
+
+// 8-bit pages of XLA type `E`, read as `T`s. They arrive as untyped buffers because the FFI
+// header maps no C++ type to F8E4M3FN (so `ffi::Buffer<F8E4M3FN>` does not compile).
+template <ffi::DataType E, typename T>
+ffi::Error PagedDecode8BitImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
+                               ffi::AnyBuffer v, ffi::Buffer<ffi::F32> k_scale,
+                               ffi::Buffer<ffi::F32> v_scale, ffi::Buffer<ffi::S32> table,
+                               ffi::Buffer<ffi::S32> positions, ffi::ResultBuffer<ffi::F32> out) {
+  if (k.element_type() != E || v.element_type() != E) {
+    return ffi::Error::InvalidArgument(
+        std::string("paged decode: this handler takes K and V pages of ") +
+        (E == ffi::S8 ? "int8" : "float8_e4m3fn"));
+  }
+  const Scales scales{k_scale.typed_data(), v_scale.typed_data(), k_scale.dimensions(),
+                      v_scale.dimensions()};
+  return Decode(threads, q, static_cast<const T*>(k.untyped_data()),
+                static_cast<const T*>(v.untyped_data()), k.dimensions(), v.dimensions(), table,
+                positions, out, scales);
+}
+
+auto Bind8Bit() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()  // q
+      .Arg<ffi::AnyBuffer>()         // k pages
+      .Arg<ffi::AnyBuffer>()         // v pages
+      .Arg<ffi::Buffer<ffi::F32>>()  // k_scale
+      .Arg<ffi::Buffer<ffi::F32>>()  // v_scale
+      .Arg<ffi::Buffer<ffi::S32>>()  // page table
+      .Arg<ffi::Buffer<ffi::S32>>()  // positions
+      .Ret<ffi::Buffer<ffi::F32>>();  // out
 }
 
 }  // namespace
@@ -194,3 +290,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxPagedDecodeBf16, PagedDecodeBf16Impl,
                                   .Arg<ffi::Buffer<ffi::S32>>()   // positions
                                   .Ret<ffi::Buffer<ffi::F32>>()   // out
 );
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxPagedDecodeInt8, (PagedDecode8BitImpl<ffi::S8, int8_t>),
+                              Bind8Bit());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxPagedDecodeFp8, (PagedDecode8BitImpl<ffi::F8E4M3FN, Fp8>),
+                              Bind8Bit());

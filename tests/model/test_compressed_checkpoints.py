@@ -92,7 +92,7 @@ def test_token_rounding_is_compressed_tensors_own_bit_for_bit():
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils.helpers import compute_dynamic_scales_and_zp
 
-    from kernels_pallas.dispatch import round_tokens_to_int8
+    from kernels_pallas.matmul.token_rounding import round_tokens_to_int8
 
     args = QuantizationArgs(num_bits=8, type="int", strategy="token", symmetric=True, dynamic=True)
     x = torch.randn(1, 64, 256) * torch.rand(1, 64, 1) * 10

@@ -1,6 +1,7 @@
-"""An int8 engine on every layout: the same tokens as the one-device int8 engine, through a
-live flip too (the flip moves int8 weights and their scales, never widened ones); no program
-widens a whole int8 weight; the weights take about a quarter of their fp32 bytes."""
+"""An int8 engine with fp8 KV pages on every layout: the same tokens as the one-device engine in
+the same dtypes, through a live flip too (the flip moves int8 weights, fp8 pages and their
+scales, never widened ones); no program widens a whole int8 weight; the weights take about a
+quarter of their fp32 bytes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from tests.support.flip_runs import run_with_flip
 from tests.support.hlo_checks import widened_whole
 from tests.support.internals import parts
 
-OPTIONS = dict(num_pages=128, max_running_requests=4, max_prefill_tokens=32, quantization="int8")
+OPTIONS = dict(
+    num_pages=128,
+    max_running_requests=4,
+    max_prefill_tokens=32,
+    quantization="int8",
+    kv_cache_dtype="fp8_e4m3",
+)
 PROMPTS = [[(i * 13 + j) % 250 for i in range(40)] for j in range(2)]
 GREEDY = SamplingParams(temperature=0, max_tokens=10)
 
@@ -57,6 +64,9 @@ def test_tp_and_a_flip_to_a_pipeline_give_the_one_device_tokens(single):
     experts = [n for n in leaves if n.endswith("experts.gate_proj")]
     assert experts and all(leaves[n].dtype == jnp.int8 for n in experts)
     assert all(leaves[n + "_scale"].dtype == jnp.float32 for n in experts)
+    pages = parts(engine).runner.state.kv[0]
+    assert pages.k.dtype == jnp.float8_e4m3fn and pages.k_scale.dtype == jnp.float32
+    assert len(pages.k_scale.sharding.device_set) == 2  # the pipeline's second stage
     engine.check()
 
 

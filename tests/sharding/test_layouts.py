@@ -83,8 +83,10 @@ def test_placements_split_what_they_say(engine):
     q = shardings["model"]["layers"][3]["self_attn"]["q_proj"]["kernel"].get_value()
     o = shardings["model"]["layers"][3]["self_attn"]["o_proj"]["kernel"].get_value()
     assert q.spec == P(None, "tp") and o.spec == P("tp", None)  # kernels are [in, out]
-    assert tp.state_shardings(cfg).kv[0].k.spec == P(None, None, "tp", None)
-    assert tp.state_shardings(cfg).gdn[0].recurrent.spec == P(None, "tp", None, None)
+    state_sh = tp.state_shardings(cfg, kv_scales=True)
+    assert state_sh.kv[0].k.spec == P(None, None, "tp", None)
+    assert state_sh.kv[0].k_scale.spec == P(None, "tp")  # an 8-bit page's scales: its heads
+    assert state_sh.gdn[0].recurrent.spec == P(None, "tp", None, None)
     # Under the pipeline each stage's leaves live on its own device only.
     devices = jax.devices()
     layers = params(engine)["model"]["layers"]

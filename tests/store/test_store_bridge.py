@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from flipjax.model.tiny import tiny_config
+from flipjax.runtime.host_pages import HostPages
 from store.bridge import StoreBridge
 from store.host import HostTier
 from store.payload import PayloadLayout, numpy_dtype
@@ -19,7 +20,7 @@ TOKENS = list(range(2 * GRID))
 def _publish(bridge: StoreBridge) -> None:
     layout = bridge.layout
     pages = np.zeros((len(TOKENS) // PS, *layout.kv_shape), numpy_dtype(layout.kv_dtype))
-    bridge.publish_pages(TOKENS, 0, pages)
+    bridge.publish_pages(TOKENS, 0, HostPages(pages))
     rec = np.zeros(layout.recurrent_shape, np.float32)
     bridge.publish_state(TOKENS, rec, np.zeros(layout.conv_shape, numpy_dtype(layout.kv_dtype)))
     bridge.store.flush()

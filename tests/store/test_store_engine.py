@@ -206,10 +206,12 @@ def test_published_payloads_are_the_device_bytes(model, tmp_path):
     keys = page_keys(bridge.store.root, PROMPT[:64], PS)
     layout = bridge.layout
     for i, k in enumerate(keys):
-        np.testing.assert_array_equal(layout.decode_kv(bridge.store.get(k, Kind.KV_PAGE)), kv[i])
+        values, scales = layout.decode_kv(bridge.store.get(k, Kind.KV_PAGE))
+        np.testing.assert_array_equal(values, kv.values[i])
+        assert scales is None and kv.scales is None
     fetched = bridge.fetch(PROMPT[:64])
     assert fetched.tokens == 64
-    np.testing.assert_array_equal(fetched.kv, kv)
+    np.testing.assert_array_equal(fetched.kv.values, kv.values)
     engine.abort(seq.request_id)
     bridge.store.close()
 
@@ -257,7 +259,8 @@ def test_payloads_are_layout_neutral_across_layouts(model, tmp_path):
     engine.step()  # admission seeds 96 tokens from the store, then prefills the rest
     assert seq.cached_tokens == 96
     fetched = bridge.fetch(PROMPT)
-    np.testing.assert_array_equal(read_pages(parts(engine).runner.state, seq.pages[:6]), fetched.kv)
+    held = read_pages(parts(engine).runner.state, seq.pages[:6])
+    np.testing.assert_array_equal(held.values, fetched.kv.values)
     engine.step()
     engine.flip("pp:5,3")
     while engine.has_unfinished():
