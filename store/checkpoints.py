@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -46,16 +47,32 @@ class CheckpointState:
     chat: list[dict[str, str]] | None = None
 
 
+# A checkpoint id: hex of its manifest's hash (`Manifest.checkpoint_id`).
+_CHECKPOINT_ID = re.compile(r"[0-9a-f]{32}")
+# Beside a book's manifests: what made them, in words, for the refusal of another server.
+ABOUT = "about.txt"
+_ABOUT_LIMIT = 1024
+
+
 class CheckpointBook:
-    def __init__(self, store: TieredStore, model: str, folder: str | None):
+    def __init__(
+        self, store: TieredStore, model: str, folder: str | None, about: str | None = None
+    ):
+        """`model`: the identity digest (hex) manifests must carry; `about`: what that identity
+        is, in words (the model, its dtype, the KV pages' dtype), kept beside the manifests so
+        that a server of another identity over the same store folder can name both when asked
+        for a checkpoint of this one."""
         self.store = store
         self.model = model  # the model identity digest, hex
         self.folder = folder
+        self.about = about
         self.counters: Counter[str] = Counter()
         self._manifests: dict[str, Manifest] = {}
         self._lock = threading.Lock()
         if folder is not None:
             os.makedirs(folder, exist_ok=True)
+            if about is not None:
+                _write_atomically(os.path.join(folder, ABOUT), about.encode()[:_ABOUT_LIMIT])
             self._open()
 
     # -- the book -------------------------------------------------------------------------------
@@ -132,8 +149,29 @@ class CheckpointBook:
         with self._lock:
             manifest = self._manifests.get(checkpoint_id)
         if manifest is None:
-            raise KeyError(f"checkpoint_id: {checkpoint_id!r} is not a checkpoint here")
+            raise KeyError(self._unknown(checkpoint_id))
         return manifest
+
+    def _unknown(self, checkpoint_id: str) -> str:
+        """Why `checkpoint_id` is refused: unknown, or made by a server of another identity
+        over the same store folder (another model, dtype or KV pages' dtype), named."""
+        unknown = f"checkpoint_id: {checkpoint_id!r} is not a checkpoint here"
+        if self.folder is None or not _CHECKPOINT_ID.fullmatch(checkpoint_id):
+            return unknown  # only an id of hex digits ever reaches the file system
+        ours = os.path.dirname(os.path.abspath(self.folder))
+        store_dir = os.path.dirname(ours)
+        for name in sorted(os.listdir(store_dir)):
+            other = os.path.join(store_dir, name, os.path.basename(self.folder))
+            if os.path.join(store_dir, name) == ours:
+                continue
+            if os.path.isfile(os.path.join(other, f"{checkpoint_id}.json")):
+                theirs = _read_about(other) or "another model identity"
+                return (
+                    f"checkpoint_id: {checkpoint_id!r} was made by a server with {theirs}; this "
+                    f"one has {self.about or 'another'}. KV pages are never converted between "
+                    "dtypes: restore it on a server started as the one that made it"
+                )
+        return unknown
 
     def _verify(self, manifest: Manifest) -> None:
         self.counters["verified"] += 1
@@ -169,13 +207,7 @@ class CheckpointBook:
         return os.path.join(self.folder, f"{checkpoint_id}.json")
 
     def _write(self, checkpoint_id: str, data: bytes) -> None:
-        tmp = self._path(checkpoint_id) + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._path(checkpoint_id))
-        fsync_path(self.folder)
+        _write_atomically(self._path(checkpoint_id), data)
 
     def _open(self) -> None:
         for name in sorted(os.listdir(self.folder)):
@@ -198,6 +230,25 @@ class CheckpointBook:
             self._pin(manifest)
             self._manifests[manifest.checkpoint_id] = manifest
             self.counters["loaded"] += 1
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """`data` at `path`, whole or not at all: a temporary file, fsync, rename, folder fsync."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(os.path.dirname(path))
+
+
+def _read_about(folder: str) -> str | None:
+    try:
+        with open(os.path.join(folder, ABOUT), "rb") as f:
+            return f.read(_ABOUT_LIMIT).decode("utf-8", "replace")
+    except OSError:
+        return None
 
 
 def summary(checkpoint_id: str, manifest: Manifest) -> dict[str, Any]:

@@ -71,7 +71,9 @@ def open_checkpoints(
     folder = None
     if store_dir is not None and disk is not None:  # manifests last no longer than entries
         folder = os.path.join(disk_folder(store_dir, identity), "manifests")
-    book = CheckpointBook(bridge.store, identity.digest().hex(), folder)
+    model, pages = bridge.dtypes
+    about = f"weights {identity.weights!r}, dtype {model}, KV pages {pages}"
+    book = CheckpointBook(bridge.store, identity.digest().hex(), folder, about)
     if disk is not None:
         disk.trim()  # the disk tier opened without evicting: the book's pins are in place now
     return book

@@ -4,6 +4,7 @@ that leaves cached prefixes to the store."""
 
 from __future__ import annotations
 
+import jax
 import pytest
 
 from flipjax import Engine, SamplingParams
@@ -36,8 +37,8 @@ def test_a_flip_moves_the_live_set_and_changes_no_token(engine):
     stats = engine.stats()
     record, slots_total = stats.flips[-1], stats.pools["slots_total"]
     state = parts(engine).runner.binding.state
-    page_bytes = sum(x.nbytes // x.shape[0] for leaf in state.kv for x in leaf)
-    slot_bytes = sum(x.nbytes // x.shape[0] for leaf in state.gdn for x in leaf)
+    page_bytes = sum(x.nbytes // x.shape[0] for x in jax.tree.leaves(state.kv))
+    slot_bytes = sum(x.nbytes // x.shape[0] for x in jax.tree.leaves(state.gdn))
     assert 0 < record.live_pages <= 2 * pages_for(40 + 12, 16) + 2 and record.live_slots >= 2
     # In one process a flip passes the live rows through the host, exactly those.
     assert record.kv_bytes == page_bytes * record.live_pages

@@ -136,3 +136,42 @@ def test_a_disk_attached_at_run_time_keeps_what_checkpoints_pin(tmp_path):
     assert [smaller.contains(k, kind) for k, kind in references()] == [True] * 4
     assert smaller.used_bytes <= 6 * ENTRY_BYTES
     store.close()
+
+
+def test_a_checkpoint_of_another_kv_dtype_is_refused_naming_both(tmp_path):
+    """Two servers over one store folder, one with fp8 KV pages: each has its own identity, and
+    asking one for the other's checkpoint names what made it and what this one runs."""
+
+    def server(page_dtype: str | None):
+        bridge, identity = open_server_store(
+            tiny_config(),
+            "tiny-seed-0",
+            "float32",
+            PAGE,
+            PAGE,
+            1 << 24,
+            str(tmp_path),
+            1 << 26,
+            page_dtype=page_dtype,
+        )
+        return bridge, open_checkpoints(bridge, identity, str(tmp_path))
+
+    bridge, book = server(None)
+    keys = page_keys(bridge.store.root, TOKENS, PAGE)
+    for key in keys:
+        bridge.store.put(key, Kind.KV_PAGE, payload(key))
+    bridge.store.put(keys[-1], Kind.GDN_ANCHOR, payload(keys[-1] + b"s"))
+    cid = book.create(state())["checkpoint_id"]
+    bridge.store.close()
+    fp8, other = server("float8_e4m3fn")
+    made = r"made by a server with weights 'tiny-seed-0', dtype float32, KV pages float32; "
+    runs = r"this one has weights 'tiny-seed-0', dtype float32, KV pages float8_e4m3fn"
+    with pytest.raises(KeyError, match=made + runs):
+        other.load(cid)
+    for unknown in ("0" * 32, "../" + cid, cid.upper()):  # no path leaves the book's folder
+        with pytest.raises(KeyError, match="is not a checkpoint here"):
+            other.load(unknown)
+    fp8.store.close()
+    bridge, book = server(None)  # the server that made it still restores it
+    assert book.load(cid).token_ids == TOKENS
+    bridge.store.close()
