@@ -91,7 +91,7 @@ class StoreBridge:
                 return None
             tiers.add(tier)
             rec, conv = self.layout.decode_gdn(state)
-        except ValueError:  # a payload of another length: the canonical layout's check
+        except ValueError:  # another length, or a page scale or value no page holds
             self.bad_payloads += 1
             return None
         # A prefix that needed a lower tier anywhere counts as that tier's hit: that is its cost.

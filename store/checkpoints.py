@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flipjax.runtime.sampling import SamplingParams
-from store.durable import fsync_path
+from store.durable import fsync_path, replace_file
 from store.entry import Kind
 from store.keys import page_keys
 from store.manifest import Manifest, ManifestError
@@ -72,7 +72,7 @@ class CheckpointBook:
         if folder is not None:
             os.makedirs(folder, exist_ok=True)
             if about is not None:
-                _write_atomically(os.path.join(folder, ABOUT), about.encode()[:_ABOUT_LIMIT])
+                replace_file(os.path.join(folder, ABOUT), about.encode()[:_ABOUT_LIMIT])
             self._open()
 
     # -- the book -------------------------------------------------------------------------------
@@ -160,7 +160,11 @@ class CheckpointBook:
             return unknown  # only an id of hex digits ever reaches the file system
         ours = os.path.dirname(os.path.abspath(self.folder))
         store_dir = os.path.dirname(ours)
-        for name in sorted(os.listdir(store_dir)):
+        try:
+            names = sorted(os.listdir(store_dir))
+        except OSError:  # the store folder unreadable or gone: nothing to name
+            return unknown
+        for name in names:
             other = os.path.join(store_dir, name, os.path.basename(self.folder))
             if os.path.join(store_dir, name) == ours:
                 continue
@@ -207,7 +211,7 @@ class CheckpointBook:
         return os.path.join(self.folder, f"{checkpoint_id}.json")
 
     def _write(self, checkpoint_id: str, data: bytes) -> None:
-        _write_atomically(self._path(checkpoint_id), data)
+        replace_file(self._path(checkpoint_id), data)
 
     def _open(self) -> None:
         for name in sorted(os.listdir(self.folder)):
@@ -230,17 +234,6 @@ class CheckpointBook:
             self._pin(manifest)
             self._manifests[manifest.checkpoint_id] = manifest
             self.counters["loaded"] += 1
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """`data` at `path`, whole or not at all: a temporary file, fsync, rename, folder fsync."""
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_path(os.path.dirname(path))
 
 
 def _read_about(folder: str) -> str | None:

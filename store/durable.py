@@ -1,4 +1,5 @@
-"""Durability barriers: fsync one path, or flush a whole file system at once for several."""
+"""Durability barriers: fsync one path, replace a file atomically, or flush a whole file system
+at once for several."""
 
 from __future__ import annotations
 
@@ -13,6 +14,19 @@ def fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(path: str, data: bytes, suffix: str = ".tmp") -> None:
+    """Make `data` the file at `path`, atomically and durably: written to `path + suffix`,
+    fsynced, renamed over `path`, and the folder fsynced (a crash leaves the old file or the
+    new one, whole)."""
+    tmp = path + suffix
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(os.path.dirname(path) or ".")
 
 
 def _syncfs() -> Callable[[int], int] | None:

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.state_shapes import state_shapes
+from kernels_pallas.paged_attention.pages import SCALED_PAGE_DTYPES
 
 _DTYPES = {"float32": np.dtype("<f4"), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-# Pages alone may also be 8-bit, with scales.
-_SCALED = {"int8": np.dtype(np.int8), "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn)}
+# Pages alone may also be 8-bit, with scales; by name, with the largest magnitude each holds.
+_SCALED = {jnp.dtype(d).name: (np.dtype(d), top) for d, top in SCALED_PAGE_DTYPES.items()}
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -31,7 +33,7 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def page_numpy_dtype(name: str) -> np.dtype:
     if name in _SCALED:
-        return _SCALED[name]
+        return _SCALED[name][0]
     if name not in _DTYPES:
         raise ValueError(f"page_dtype: {name!r} is not one of {sorted({**_DTYPES, **_SCALED})}")
     return _DTYPES[name]
@@ -85,8 +87,13 @@ class PayloadLayout:
         split = int(np.prod(self.kv_shape)) * dtype.itemsize
         values = _decode(payload[:split], self.kv_shape, dtype, "kv page")
         scales = _decode(payload[split:], self.scale_shape, np.dtype("<f4"), "kv page scales")
-        if not np.all(np.isfinite(scales) & (scales >= 0)):
-            raise ValueError("kv page scales: a scale is negative or not finite")
+        # A page's value is at most its scale times the format's top: past float32's range
+        # it is inf, and attention over it NaN.
+        bound = np.finfo(np.float32).max / _SCALED[self.page_dtype][1]
+        if not np.all((scales >= 0) & (scales <= bound)):
+            raise ValueError("kv page scales: a scale is negative, not finite or past float32")
+        if dtype != np.int8 and np.any((values.view(np.uint8) & 0x7F) == 0x7F):
+            raise ValueError("kv page: a value is fp8's NaN (no page is ever written with one)")
         return values, scales
 
     def encode_gdn(self, recurrent: np.ndarray, conv: np.ndarray) -> bytes:

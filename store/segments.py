@@ -103,22 +103,11 @@ def read_index(folder: str, segment: int) -> tuple[list[Record], int]:
             break
     whole = len(records) * RECORD_BYTES
     if whole < end:  # damage between records: the file is rewritten without it, once
-        _replace(path, b"".join(r.pack() for r in records))
+        durable.replace_file(path, b"".join(r.pack() for r in records), ".rewrite")
     elif end < len(data):
         with open(path, "r+b") as f:
             f.truncate(end)
     return records, len(data) - whole
-
-
-def _replace(path: str, data: bytes) -> None:
-    """Make `data` the file at `path`, atomically and durably."""
-    tmp = path + ".rewrite"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    durable.fsync_path(os.path.dirname(path) or ".")
 
 
 def cut_tail(folder: str, segment: int, end: int) -> int:

@@ -7,8 +7,9 @@ Quality of each variant against the unquantized one:
 - the prompt logits' largest absolute difference and the mean KL(unquantized || variant), over
   `--prompts` random prompts of `--prompt-len` tokens (1024 positions by default), the prompts'
   K and V read back from pages of the variant's dtype;
-- greedy agreement: how many of `--agree-tokens` greedy tokens match before the first
-  difference, and the share of positions equal, over the same prompts;
+- top-1 agreement at those positions (the same prefix given to both: a greedy choice each);
+- free-running greedy agreement: how many of `--agree-tokens` greedy tokens match before the
+  first difference, and the share of positions equal, over the same prompts;
 - lm-eval: its harness scoring a local multiple-choice task through each engine; the mean and
   largest |delta| of its loglikelihoods, and its accuracy.
 
@@ -24,6 +25,8 @@ between near-equal logits: agreement here is a lower bound of a trained model's.
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,6 +90,7 @@ def _run(args: argparse.Namespace, folder: Path) -> None:
     for engine in engines.values():
         engine.warmup()
     _sizes(engines, base_name)
+    _load_peaks(args.dtype, folder, engines, base_name)
     _quality(args, folder, engines, base_name)
     _weight_speed(args, engines, base_name, batches)
     _kv_speed(args, engines, base_name, kv_batches)
@@ -102,6 +106,42 @@ def _sizes(engines: dict[str, Any], base_name: str) -> None:
             f"{name:>16} {line.bytes['weights'] / 2**20:>11.0f} {page / 2**10:>9.1f} "
             f"{2**30 / page:>10.0f} {2**30 / page * engine.info.config.engine.page_size:>9.0f}"
         )
+
+
+def _load_peaks(dtype: str, folder: Path, engines: dict[str, Any], base_name: str) -> None:
+    """Each weight form's peak RSS while it loads (in a fresh process: the checkpoint read, the
+    quantization, the weights placed), against its weights' own bytes."""
+    code = "import sys; from flipjax.benchmarks import quant; print(quant.load_peak(*sys.argv[1:]))"
+    for name, quantization in ((base_name, ""), ("int8 weights", "int8")):
+        args = [str(folder), dtype, quantization]
+        out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"load of {name}: the measuring process failed: {out.stderr[-2000:]}")
+            continue
+        peak = int(out.stdout.split()[-1])
+        (line,) = engines[name].memory().devices
+        weights = line.bytes["weights"]
+        print(
+            f"load of {name}: peak RSS {peak / 2**20:.0f} MiB above the process's start, "
+            f"{peak / weights:.2f}x its weights ({weights / 2**20:.0f} MiB)"
+        )
+
+
+def load_peak(folder: str, dtype: str, quantization: str) -> int:
+    """The peak RSS (bytes above the start) of loading `folder` and placing its weights."""
+    import jax
+    from flax import nnx
+
+    from flipjax.benchmarks.memory import PeakRSS
+    from flipjax.engine.loader import load
+    from flipjax.model.dtypes import parse_dtype
+    from flipjax.model.quantize import quantize_model
+
+    jax.devices()  # the runtime's own memory is not the load's
+    with PeakRSS() as mem:
+        model = quantize_model(load(folder, parse_dtype(dtype)).model, quantization or None)
+        jax.block_until_ready(jax.device_put(nnx.state(model)))
+    return mem.peak_delta
 
 
 def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: str) -> None:
@@ -131,8 +171,9 @@ def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: s
         f"lm-eval loglikelihoods of {base_ll.size} choices (accuracy {base_acc:.2f} unquantized)"
     )
     print(
-        f"{'variant':>16} {'max|dlogit|':>11} {'mean KL':>9} {'first diff (median)':>20} "
-        f"{'equal':>6} {'lm-eval mean|d|':>15} {'max|d|':>7} {'acc':>5}"
+        f"{'variant':>16} {'max|dlogit|':>11} {'mean KL':>9} {'top-1 same':>10} "
+        f"{'first diff (median)':>20} {'equal':>6} {'lm-eval mean|d|':>15} {'max|d|':>7} "
+        f"{'acc':>5}"
     )
     for name in VARIANTS:
         b, (ll, acc) = logits[name], scores[name]
@@ -141,10 +182,11 @@ def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: s
             differ = [i for i, (s, t) in enumerate(zip(x, y, strict=True)) if s != t]
             prefixes.append(differ[0] if differ else len(x))
             equal += sum(s == t for s, t in zip(x, y, strict=True))
-        delta = np.abs(ll - base_ll)
+        delta, top1 = np.abs(ll - base_ll), np.mean(a.argmax(-1) == b.argmax(-1))
+        same = equal / (args.prompts * args.agree_tokens)
         print(
-            f"{name:>16} {np.abs(a - b).max():>11.4f} {kl(a, b):>9.2e} "
-            f"{int(np.median(prefixes)):>20} {equal / (args.prompts * args.agree_tokens):>6.0%} "
+            f"{name:>16} {np.abs(a - b).max():>11.4f} {kl(a, b):>9.2e} {top1:>10.1%} "
+            f"{int(np.median(prefixes)):>20} {same:>6.0%} "
             f"{delta.mean():>15.4f} {delta.max():>7.4f} {acc:>5.2f}"
         )
 
@@ -171,7 +213,7 @@ def _weight_speed(args: argparse.Namespace, engines: dict, base_name: str, batch
             print(f"{batch:>5} {name:>16} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f}")
         a, b = timings[base_name], timings["int8 weights"]
         print(
-            f"{batch:>5} {'int8 / ' + args.dtype[:4]:>16} "
+            f"{batch:>5} {'ratio':>16} "
             f"{b.prefill_tok_s / a.prefill_tok_s:>13.2f}x {b.decode_tok_s / a.decode_tok_s:>12.2f}x"
         )
 

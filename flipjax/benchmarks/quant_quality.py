@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 PAGE = 16
-# The local task: questions with a few choices each, no download.
-TASK = """task: flipjax_quant_mc
+# A local multiple-choice task: questions with a few choices each, no download.
+TASK = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -117,9 +117,7 @@ def lm_eval_loglikelihoods(engine: Any, rows: list[dict[str, Any]]) -> tuple[np.
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as folder:
-        data = Path(folder) / "mc.jsonl"
-        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (Path(folder) / "flipjax_quant_mc.yaml").write_text(TASK.format(data=data))
+        write_task(Path(folder), "flipjax_quant_mc", rows)
         results = lm_eval.simple_evaluate(
             model=_engine_lm(engine),
             tasks=["flipjax_quant_mc"],
@@ -129,6 +127,13 @@ def lm_eval_loglikelihoods(engine: Any, rows: list[dict[str, Any]]) -> tuple[np.
     samples = sorted(results["samples"]["flipjax_quant_mc"], key=lambda s: s["doc_id"])
     scores = np.array([[float(r[0][0]) for r in s["resps"]] for s in samples])
     return scores, float(results["results"]["flipjax_quant_mc"]["acc,none"])
+
+
+def write_task(folder: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    """lm-eval task `name` in `folder` (its `include_path`): `rows` as its local test split."""
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / f"{name}.yaml").write_text(TASK.format(name=name, data=data))
 
 
 def _encode(text: str) -> list[int]:

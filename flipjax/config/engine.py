@@ -11,12 +11,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from flipjax.config.option import option
-from flipjax.model.config import DTYPE_NAMES, QUANTIZATIONS, ModelConfig, check_quantization
+from flipjax.model.config import (
+    DTYPE_NAMES,
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    ModelConfig,
+    check_quantization,
+)
 from flipjax.runtime.hybrid import check_interval, default_interval
 from sharding.budgets import parse_size, parse_sizes
-
-# vLLM's names; 'fp8' is its alias of the e4m3 format.
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "int8")
 
 
 class GridStore(Protocol):
@@ -57,7 +60,7 @@ class EngineConfig:
         "auto",
         "the KV pages' dtype: 'auto' (the model's), or 8 bits with a scale per page and KV "
         "head, 'fp8_e4m3' (alias 'fp8') or 'int8'; GDN states keep their own dtypes",
-        choices=KV_CACHE_DTYPES,
+        choices=tuple(KV_CACHE_DTYPES),
     )
     max_running_requests: int = option(32, "requests decoding at once")
     num_slots: int | None = option(
@@ -85,8 +88,10 @@ class EngineConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype: {self.kv_cache_dtype!r} is not supported; use one of "
-                f"{KV_CACHE_DTYPES}"
+                f"{tuple(KV_CACHE_DTYPES)}"
             )
+        if self.kv_cache_dtype == "fp8":  # one spelling, for whatever compares configs
+            object.__setattr__(self, "kv_cache_dtype", "fp8_e4m3")
         if self.num_slots is not None and self.num_slots < self.max_running_requests:
             raise ValueError(
                 f"num_slots: {self.num_slots} is below max_running_requests "

@@ -24,6 +24,14 @@ LAYER_TYPES = (FULL_ATTENTION, LINEAR_ATTENTION)
 DTYPE_NAMES = ("float32", "bfloat16")
 # `--quantization`: what `flipjax.model.quantize` does to the weights at load.
 QUANTIZATIONS = ("int8",)
+# `--kv-cache-dtype` (vLLM's names) -> the KV pages' dtype by name; None: the model's own.
+# 'fp8' is vLLM's alias of the e4m3 format.
+KV_CACHE_DTYPES = {
+    "auto": None,
+    "fp8": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "int8": "int8",
+}
 
 
 def check_quantization(method: str | None) -> None:

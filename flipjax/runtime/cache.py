@@ -13,21 +13,16 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flipjax.model.config import ModelConfig
+from flipjax.model.config import KV_CACHE_DTYPES, ModelConfig
 from flipjax.model.state_shapes import RECURRENT_DTYPE, state_shapes
 from kernels_pallas.paged_attention.pages import SCALED_PAGE_DTYPES
-
-# `--kv-cache-dtype` names (`flipjax.config.engine.KV_CACHE_DTYPES`) -> the pages' dtype.
-_KV_DTYPES = {"fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn, "int8": jnp.int8}
 
 
 def kv_page_dtype(name: str, model_dtype: jnp.dtype) -> jnp.dtype:
     """The KV pages' dtype for a `--kv-cache-dtype` name: 'auto' is the model's."""
-    if name == "auto":
-        return jnp.dtype(model_dtype)
-    if name not in _KV_DTYPES:
-        raise ValueError(f"kv_cache_dtype: {name!r} is not one of {['auto', *_KV_DTYPES]}")
-    return jnp.dtype(_KV_DTYPES[name])
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype: {name!r} is not one of {list(KV_CACHE_DTYPES)}")
+    return jnp.dtype(KV_CACHE_DTYPES[name] or model_dtype)
 
 
 class KVPages(NamedTuple):

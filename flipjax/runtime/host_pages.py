@@ -36,10 +36,6 @@ class HostPages:
     def __len__(self) -> int:
         return len(self.values)
 
-    def __getitem__(self, pages: slice) -> HostPages:
-        scales = None if self.scales is None else self.scales[pages]
-        return HostPages(self.values[pages], scales)
-
     def each(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """Each page's values [layers, 2, page_size, kv_heads, head_dim] and scales."""
         for i in range(len(self)):

@@ -100,9 +100,13 @@ ffi::Error ReadRowsImpl(ffi::AnyBuffer pool, ffi::Buffer<ffi::S32> ids,
                                        "result [*ids, *row] of its dtype, got pool " + Dims(pd));
   }
   const int64_t count = pd[0];
-  const size_t row_bytes = count == 0 ? 0 : pool.size_bytes() / count;
-  const auto* src = static_cast<const char*>(pool.untyped_data());
   auto* dst = static_cast<char*>(out->untyped_data());
+  if (count == 0) {  // an empty pool: every id is out of range
+    std::memset(dst, 0, out->size_bytes());
+    return ffi::Error::Success();
+  }
+  const size_t row_bytes = pool.size_bytes() / count;
+  const auto* src = static_cast<const char*>(pool.untyped_data());
   const int32_t* at = ids.typed_data();
   for (int64_t i = 0; i < n; ++i) {
     if (at[i] < 0 || at[i] >= count) {

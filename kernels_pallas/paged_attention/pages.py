@@ -65,7 +65,8 @@ def write_pages(
     page = jnp.take_along_axis(page_table, safe_pos // page_size, axis=1)
     page = jnp.where(positions >= 0, page, num_pages)  # out of bounds -> dropped
     offset = safe_pos % page_size
-    if (k_scale is None) != (jnp.dtype(k_pages.dtype) not in SCALED_PAGE_DTYPES):
+    scaled = jnp.dtype(k_pages.dtype) in SCALED_PAGE_DTYPES
+    if {k_scale is None, v_scale is None} != {not scaled} or v_pages.dtype != k_pages.dtype:
         raise ValueError(
             f"write_pages: {k_pages.dtype} pages need scales exactly when they are 8-bit "
             f"({sorted(map(str, SCALED_PAGE_DTYPES))})"

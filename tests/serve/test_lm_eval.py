@@ -4,14 +4,13 @@ prompt logprobs of the same tokens. The task is a local JSON file: nothing is do
 
 from __future__ import annotations
 
-import json
-
 import lm_eval
 import numpy as np
 import pytest
 from lm_eval.tasks import TaskManager
 
 from flipjax import Engine, SamplingParams
+from flipjax.benchmarks.quant_quality import write_task
 from tests.support.servers import SMALL, start_server, stop_server
 
 ROWS = [
@@ -19,28 +18,13 @@ ROWS = [
     {"question": "Q: the sky is", "choices": [" blue", " green"], "answer": 0},
     {"question": "Q: cats say", "choices": [" meow", " woof", " moo"], "answer": 1},
 ]
-TASK = """task: flipjax_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-"""
 
 
 @pytest.fixture()
 def task_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = tmp_path / "mc.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    (tmp_path / "flipjax_mc.yaml").write_text(TASK.format(data=data))
+    write_task(tmp_path, "flipjax_mc", ROWS)
     return tmp_path
 
 

@@ -122,14 +122,18 @@ def test_store_flags_reach_the_tiers(tmp_path):
     bridge.store.close()
 
 
-def test_weights_quantized_at_load_are_another_model_to_the_store(tmp_path):
-    """KV computed with int8 weights is never served to the unquantized model, or back."""
+def test_weights_quantized_at_load_and_8bit_kv_are_other_models_to_the_store(tmp_path):
+    """KV computed with int8 weights is never served to the unquantized model, or back; nor KV
+    pages of one KV dtype to a server of another (fp8 and its alias are one dtype)."""
     from flipjax.serve import _open_store, parse_args
 
-    folders = set()
-    for extra in ([], ["--quantization", "int8"]):
+    folders, dtypes = [], []
+    runs = [[], ["--quantization", "int8"], ["--kv-cache-dtype", "fp8"]]
+    for extra in [*runs, ["--kv-cache-dtype", "fp8_e4m3"], ["--kv-cache-dtype", "int8"]]:
         config = parse_args(["--store-dir", str(tmp_path), "--disk-cache-gb", "1", *extra])
         bridge, _, _ = _open_store(config, logging.getLogger("test"))
-        folders.add((bridge.store.disk.root, bridge.store.disk.identity))
+        folders.append((bridge.store.disk.root, bridge.store.disk.identity))
+        dtypes.append(bridge.dtypes[1])
         bridge.store.close()
-    assert len(folders) == 2
+    assert len(set(folders)) == 4 and folders[2] == folders[3]
+    assert dtypes == ["float32", "float32", "float8_e4m3fn", "float8_e4m3fn", "int8"]
