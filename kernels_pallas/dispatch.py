@@ -94,7 +94,8 @@ def paged_attention(
     native_decode = _native_decode_attention(q, k_pages) if mode == "native" else None
     if native_decode is not None:
         return native_decode(q, k_pages, v_pages, page_table, positions, **scales)
-    if mode in REFERENCE_MODES and not _native_here():
+    split = mesh is None or head_parallel.kv_heads_split(mesh, q.shape[2], k_pages.shape[2])
+    if mode in REFERENCE_MODES and not (_native_here() and split):
         return paged_attention_reference(q, k_pages, v_pages, page_table, positions, **scales)
     if mode in REFERENCE_MODES:  # gathers by the native kernel: XLA's widens a bf16 pool whole
         kernel = functools.partial(paged_attention_reference, read=read_rows)
@@ -132,8 +133,7 @@ def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., 
     mesh = head_parallel.current()
     if mesh is None:
         return attention_native.decode
-    width, h, hkv = mesh.size, q.shape[2], k_pages.shape[2]
-    if hkv % width and (h % width or (h // hkv) % (h // width)):
+    if not head_parallel.kv_heads_split(mesh, q.shape[2], k_pages.shape[2]):
         return None
     return head_parallel.attention(attention_native.decode, mesh)
 

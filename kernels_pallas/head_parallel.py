@@ -59,6 +59,16 @@ def local() -> bool:
     return _local.get()
 
 
+def kv_heads_split(mesh: Mesh, heads: int, kv_heads: int) -> bool:
+    """Whether `attention` runs a kernel per device over `mesh`: each device's query heads
+    within one KV head's group or its own KV heads (else the partitioner runs it, gathering
+    what a custom call takes)."""
+    width = mesh.size
+    return not kv_heads % width or (
+        not heads % width and not (heads // kv_heads) % (heads // width)
+    )
+
+
 def attention(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax.Array]:
     """`kernel(q, k_pages, v_pages, page_table, positions, k_scale=, v_scale=)` per device over
     its query heads; 8-bit pages' scales [pages, kv_heads] go with their KV heads."""

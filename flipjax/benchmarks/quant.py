@@ -109,8 +109,8 @@ def _sizes(engines: dict[str, Any], base_name: str) -> None:
 
 
 def _load_peaks(dtype: str, folder: Path, engines: dict[str, Any], base_name: str) -> None:
-    """Each weight form's peak RSS while it loads (in a fresh process: the checkpoint read, the
-    quantization, the weights placed), against its weights' own bytes."""
+    """Each weight form's peak RSS while it loads (in a fresh process: the checkpoint read and
+    quantized into host arrays; placing them is the engine's), against its weights' bytes."""
     code = "import sys; from flipjax.benchmarks import quant; print(quant.load_peak(*sys.argv[1:]))"
     for name, quantization in ((base_name, ""), ("int8 weights", "int8")):
         args = [str(folder), dtype, quantization]
@@ -128,19 +128,16 @@ def _load_peaks(dtype: str, folder: Path, engines: dict[str, Any], base_name: st
 
 
 def load_peak(folder: str, dtype: str, quantization: str) -> int:
-    """The peak RSS (bytes above the start) of loading `folder` and placing its weights."""
+    """The peak RSS (bytes above the start) of loading `folder` into host arrays."""
     import jax
-    from flax import nnx
 
     from flipjax.benchmarks.memory import PeakRSS
     from flipjax.engine.loader import load
     from flipjax.model.dtypes import parse_dtype
-    from flipjax.model.quantize import quantize_model
 
     jax.devices()  # the runtime's own memory is not the load's
     with PeakRSS() as mem:
-        model = quantize_model(load(folder, parse_dtype(dtype)).model, quantization or None)
-        jax.block_until_ready(jax.device_put(nnx.state(model)))
+        load(folder, parse_dtype(dtype), None, quantization or None)
     return mem.peak_delta
 
 

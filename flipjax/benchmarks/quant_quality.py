@@ -58,7 +58,7 @@ def prompt_logits(
     from kernels_pallas import dispatch, head_parallel
 
     model_dtype = parse_dtype(dtype)
-    model = quantize_model(load(folder, model_dtype).model, quantization)
+    model = quantize_model(load(folder, model_dtype, None, quantization).model, quantization)
     cfg = model.cfg
     graphdef, params = nnx.split(model)
     params = jax.device_put(params)

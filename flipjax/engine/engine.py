@@ -76,7 +76,8 @@ class Engine(CheckpointAPI, MemoryAPI):
         config = (config if config is not None else FlipjaxConfig()).replace(model=path, **options)
         facts = config.facts("model", "engine", "cache", "layout")
         multihost.agree({"weights": model_fingerprint(path), **facts})
-        loaded = load(path, parse_dtype(config.model.dtype), config.layout.layout)
+        model = config.model
+        loaded = load(path, parse_dtype(model.dtype), config.layout.layout, model.quantization)
         return cls(
             loaded.model,
             loaded.tokenizer,

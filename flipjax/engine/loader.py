@@ -16,7 +16,7 @@ from flax import nnx
 from flipjax.model.checkpoint_quantization import stored_int8_of
 from flipjax.model.config import ModelConfig
 from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
-from flipjax.model.quantize import attach_scales
+from flipjax.model.quantize import attach_scales, weight_quantizer
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_model
 from flipjax.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
@@ -33,9 +33,13 @@ class Loaded:
     name: str  # what the server calls the model: "tiny" or the folder's name
 
 
-def load(path: str, dtype: jnp.dtype, layout: str | None = None) -> Loaded:
+def load(
+    path: str, dtype: jnp.dtype, layout: str | None = None, quantization: str | None = None
+) -> Loaded:
     """The model, its tokenizer and its name. An orbax folder restores into `layout`'s
-    shardings (a layout the model cannot take is refused before anything is read)."""
+    shardings (a layout the model cannot take is refused before anything is read). A HF
+    folder's weights are quantized by `quantization` as they are read (the others, by
+    `quantize.quantize_model` at assembly)."""
     if path == TINY_NAME:
         return Loaded(tiny_model(dtype), ByteTokenizer(), TINY_NAME)
     if not os.path.isdir(path):
@@ -44,20 +48,24 @@ def load(path: str, dtype: jnp.dtype, layout: str | None = None) -> Loaded:
     graphdef, abstract = abstract_params(cfg, dtype)
     # Weights are read into host memory and placed from there shard by shard, so no device
     # ever holds more than its share; across processes each reads only its own shards.
+    scales: dict[str, np.ndarray] = {}  # of weights the checkpoint stores int8
+    quantized: dict[str, np.ndarray] = {}  # of weights `quantization` quantizes as they are read
     if is_orbax(path):
         placement = placement_for(layout, cfg) if layout not in (None, AUTO) else None
         shardings = None
         if placement is not None and jax.process_count() > 1:
             shardings = placement.param_shardings(abstract)
         params = restore_params(path, cfg, abstract, shardings)
-        scales: dict[str, np.ndarray] = {}
     else:
-        scales = {}
-        params = load_params(path, cfg, abstract, dtype, on_device=False, scales=scales)
+        quantize = weight_quantizer(quantization)
+        params = load_params(
+            path, cfg, abstract, dtype, False, scales=scales, quantize=quantize, quantized=quantized
+        )
     model = nnx.merge(graphdef, params)
     stored = None if is_orbax(path) else stored_int8_of(path)
     # Weights the checkpoint stores int8 stay int8 (W8A8: with its activation rounding).
     attach_scales(model, scales, activations=stored is not None and stored.activations)
+    attach_scales(model, quantized)
     tokenizer = load_tokenizer(path, cfg.eos_token_id)
     return Loaded(model, tokenizer, os.path.basename(os.path.normpath(path)))
 

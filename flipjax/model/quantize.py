@@ -19,6 +19,8 @@ percent of a layer's weights. What is not, and why:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import numpy as np
 from flax import nnx
@@ -60,6 +62,26 @@ def quantize_int8(w: np.ndarray | jax.Array) -> tuple[np.ndarray, np.ndarray]:
     scale = np.where(peak > 0, peak / INT8_MAX, 1.0).astype(np.float32)
     q = np.clip(np.rint(wf / scale[..., None, :]), -INT8_MAX, INT8_MAX).astype(np.int8)
     return q, scale
+
+
+def weight_quantizer(
+    method: str | None,
+) -> Callable[[str, np.ndarray], tuple[np.ndarray, np.ndarray] | None] | None:
+    """For the loader, which quantizes each weight as it reads it (the model's weights are
+    never all held in float at once): `(parameter name, weight in the model's dtype) ->
+    (int8, scale)` for exactly the weights `quantize_model` quantizes, None for the others.
+    None without a method."""
+    check_quantization(method)
+    if method is None:
+        return None
+
+    def quantize(name: str, w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        *_, owner, leaf = ["", *name.split(".")]
+        linear = leaf == "kernel" and owner in SPLITS
+        experts = owner == "experts" and leaf in EXPERT_PROJECTIONS
+        return quantize_int8(w) if linear or experts else None
+
+    return quantize
 
 
 def quantize_model(model: Qwen3NextForCausalLM, method: str | None) -> Qwen3NextForCausalLM:

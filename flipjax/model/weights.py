@@ -8,9 +8,10 @@ Problems are collected and reported together, by name, before anything is built.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -27,6 +28,7 @@ from flipjax.model.scale_names import scale_name
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+_BLOCK_BYTES = 8 << 20  # what a tensor is read in, of the model's dtype
 _KERNEL = ".kernel"  # a `Linear`'s [in, out]: the checkpoint's `.weight` [out, in], transposed
 _IGNORED_PREFIXES = ("mtp.",)
 
@@ -71,7 +73,29 @@ class _Reader:
         return tuple(self._handle(name).get_slice(name).get_shape())
 
     def read(self, name: str) -> np.ndarray:
-        return self._handle(name).get_tensor(name)
+        # A handle of its own, closed after: a handle maps its whole file, and every page a
+        # read touches would stay resident (counted in the process's RSS) until the load ends.
+        with safe_open(self.files[name], framework="np") as f:
+            return f.get_tensor(name)
+
+    def read_into(self, name: str, out: np.ndarray, transpose: bool = False) -> None:
+        """Tensor `name` (transposed: a 2-D one) into `out`, cast to its dtype a block of rows
+        at a time: a large tensor (an embedding, the head) is never held whole in the file's
+        precision beside its copy in the model's."""
+        with safe_open(self.files[name], framework="np") as f:
+            tensor = f.get_slice(name)
+            shape = tuple(tensor.get_shape())
+            if len(shape) < 2:
+                out[...] = f.get_tensor(name)
+                return
+            step = max(1, _BLOCK_BYTES // (out.itemsize * math.prod(shape[1:])))
+            for first in range(0, shape[0], step):
+                last = min(first + step, shape[0])  # a slice past the end is an error here
+                block = tensor[first:last]
+                if transpose:
+                    out[:, first:last] = block.T
+                else:
+                    out[first:last] = block
 
     def _handle(self, name: str) -> Any:
         file = self.files[name]
@@ -106,6 +130,8 @@ def load_params(
     on_device: bool = True,
     progress: bool = False,
     scales: dict[str, np.ndarray] | None = None,
+    quantize: Callable[[str, np.ndarray], tuple[np.ndarray, np.ndarray] | None] | None = None,
+    quantized: dict[str, np.ndarray] | None = None,
 ) -> nnx.State:
     """Fill `abstract` (an eval_shape'd NNX state) from the safetensors files under `path`.
 
@@ -113,6 +139,8 @@ def load_params(
     arrays, for conversion; `progress` shows a bar over the tensors. Weights stored int8 are
     kept int8, their scales put in `scales` by the name of their `Linear.scale` or experts'
     `<proj>_scale` (`flipjax.model.quantize.attach_scales`); without `scales` they are refused.
+    `quantize` (`quantize.weight_quantizer`) quantizes the others as they are read, their
+    scales put in `quantized`: no float copy of the whole model is ever held.
     """
     reader = _Reader(_tensor_files(path))
     available = set(reader.files)
@@ -152,7 +180,15 @@ def load_params(
     todo = zip(leaves, plan, strict=True)
     for (key_path, leaf), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
         name = param_name(key_path)
-        if name.endswith(_KERNEL) or _EXPERT.match(name):
+        full_precision = not any(
+            int8_checkpoint.is_scale(p) or p.endswith(int8_checkpoint.PACKED) for p in parts
+        )
+        if (name.endswith(_KERNEL) or _EXPERT.match(name)) and full_precision:
+            # [out, in] tensors in, [in, out] (or [E, in, out]) out, a block at a time
+            host = np.empty(tuple(leaf.shape), dtype)
+            for i, part in enumerate(parts):
+                reader.read_into(part, host[i] if _EXPERT.match(name) else host, transpose=True)
+        elif name.endswith(_KERNEL) or _EXPERT.match(name):
             try:
                 weights = int8_checkpoint.read_weights(reader.read, parts)
             except ValueError as e:
@@ -170,6 +206,10 @@ def load_params(
                 arrays.append(jnp.asarray(host) if on_device else host)
                 continue
         else:
-            host = reader.read(parts[0])
-        arrays.append(jnp.asarray(host, dtype=dtype) if on_device else host.astype(dtype))
+            host = np.empty(tuple(leaf.shape), dtype)
+            reader.read_into(parts[0], host)
+        pair = quantize(name, host) if quantize is not None and quantized is not None else None
+        if pair is not None:
+            host, quantized[scale_name(name)] = pair
+        arrays.append(jnp.asarray(host) if on_device else host)
     return jax.tree_util.tree_unflatten(treedef, arrays)

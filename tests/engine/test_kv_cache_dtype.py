@@ -43,17 +43,25 @@ def logprobs(engine: Engine, sequences: list[list[int]]) -> np.ndarray:
     return np.array([[t.logprob for t in o.prompt_logprobs[1:]] for o in outs])
 
 
+@pytest.fixture(scope="module")
+def float_scores(model) -> tuple[list[list[int]], np.ndarray]:
+    """The float pages' own greedy continuations of the prompts, and their logprobs."""
+    floats = make(model, "auto")
+    sequences = [p + t for p, t in zip(PROMPTS, tokens(floats), strict=True)]
+    return sequences, logprobs(floats, sequences)
+
+
 @pytest.mark.parametrize(
     "kv,dtype,mean_tol", [("fp8_e4m3", jnp.float8_e4m3fn, 0.05), ("int8", jnp.int8, 0.01)]
 )
-def test_8bit_pages_hold_the_kv_and_score_as_the_float_pages_do(model, kv, dtype, mean_tol):
+def test_8bit_pages_hold_the_kv_and_score_as_the_float_pages_do(
+    model, float_scores, kv, dtype, mean_tol
+):
     """Over the float pages' own greedy continuations (teacher forced, so a near tie that
     rounding flips does not end the comparison), every position's logprob stays close; the
     tolerances are about 3x what 3 (fp8) and 7 (int8) bits of mantissa gave when measured
     (mean |diff| 0.017 and 0.0023 nats)."""
-    floats = make(model, "auto")
-    sequences = [p + t for p, t in zip(PROMPTS, tokens(floats), strict=True)]
-    want = logprobs(floats, sequences)
+    sequences, want = float_scores
     engine = make(model, kv)
     diff = np.abs(logprobs(engine, sequences) - want)
     state = parts(engine).runner.state
