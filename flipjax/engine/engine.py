@@ -24,7 +24,6 @@ from flipjax.engine.outputs import prompt_logprobs as prompt_logprobs_of
 from flipjax.engine.requests import check_salt
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.stats import EngineInfo, EngineStats, frozen
-from flipjax.model.dtypes import parse_dtype
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime import mirror, multihost
@@ -76,8 +75,7 @@ class Engine(CheckpointAPI, MemoryAPI):
         config = (config if config is not None else FlipjaxConfig()).replace(model=path, **options)
         facts = config.facts("model", "engine", "cache", "layout")
         multihost.agree({"weights": model_fingerprint(path), **facts})
-        model = config.model
-        loaded = load(path, parse_dtype(model.dtype), config.layout.layout, model.quantization)
+        loaded = load(path, config.model.dtype, config.layout.layout, config.model.quantization)
         return cls(
             loaded.model,
             loaded.tokenizer,

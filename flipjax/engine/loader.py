@@ -15,6 +15,7 @@ from flax import nnx
 
 from flipjax.model.checkpoint_quantization import stored_int8_of
 from flipjax.model.config import ModelConfig
+from flipjax.model.dtypes import parse_dtype
 from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
 from flipjax.model.quantize import attach_scales, weight_quantizer
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
@@ -34,12 +35,13 @@ class Loaded:
 
 
 def load(
-    path: str, dtype: jnp.dtype, layout: str | None = None, quantization: str | None = None
+    path: str, dtype: jnp.dtype | str, layout: str | None = None, quantization: str | None = None
 ) -> Loaded:
     """The model, its tokenizer and its name. An orbax folder restores into `layout`'s
     shardings (a layout the model cannot take is refused before anything is read). A HF
     folder's weights are quantized by `quantization` as they are read (the others, by
     `quantize.quantize_model` at assembly)."""
+    dtype = parse_dtype(dtype)
     if path == TINY_NAME:
         return Loaded(tiny_model(dtype), ByteTokenizer(), TINY_NAME)
     if not os.path.isdir(path):
