@@ -165,9 +165,9 @@ class CheckpointBook:
         except OSError:  # the store folder unreadable or gone: nothing to name
             return unknown
         for name in names:
-            other = os.path.join(store_dir, name, os.path.basename(self.folder))
             if os.path.join(store_dir, name) == ours:
                 continue
+            other = os.path.join(store_dir, name, os.path.basename(self.folder))
             if os.path.isfile(os.path.join(other, f"{checkpoint_id}.json")):
                 theirs = _read_about(other) or "another model identity"
                 return (

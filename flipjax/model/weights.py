@@ -140,7 +140,7 @@ def load_params(
     kept int8, their scales put in `scales` by the name of their `Linear.scale` or experts'
     `<proj>_scale` (`flipjax.model.quantize.attach_scales`); without `scales` they are refused.
     `quantize` (`quantize.weight_quantizer`) quantizes the others as they are read, their
-    scales put in `quantized`: no float copy of the whole model is ever held.
+    scales put in `quantized` (required with it): no float copy of the whole model is held.
     """
     reader = _Reader(_tensor_files(path))
     available = set(reader.files)
@@ -180,21 +180,23 @@ def load_params(
     todo = zip(leaves, plan, strict=True)
     for (key_path, leaf), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
         name = param_name(key_path)
+        expert = _EXPERT.match(name) is not None
+        weight = expert or name.endswith(_KERNEL)
         full_precision = not any(
             int8_checkpoint.is_scale(p) or p.endswith(int8_checkpoint.PACKED) for p in parts
         )
-        if (name.endswith(_KERNEL) or _EXPERT.match(name)) and full_precision:
+        if weight and full_precision:
             # [out, in] tensors in, [in, out] (or [E, in, out]) out, a block at a time
             host = np.empty(tuple(leaf.shape), dtype)
             for i, part in enumerate(parts):
-                reader.read_into(part, host[i] if _EXPERT.match(name) else host, transpose=True)
-        elif name.endswith(_KERNEL) or _EXPERT.match(name):
+                reader.read_into(part, host[i] if expert else host, transpose=True)
+        elif weight:
             try:
                 weights = int8_checkpoint.read_weights(reader.read, parts)
             except ValueError as e:
                 raise WeightsError(f"checkpoint {path}: {e}") from e
             host = np.ascontiguousarray(np.stack([w.T for w, _ in weights]))
-            host = host if _EXPERT.match(name) else host[0]
+            host = host if expert else host[0]
             if host.shape != tuple(leaf.shape):  # a packed weight's stated shape, say
                 raise WeightsError(
                     f"checkpoint {path}: {parts[0]} unpacks to {list(host.shape)}, "
@@ -202,13 +204,13 @@ def load_params(
                 )
             if weights[0][1] is not None and scales is not None:  # stays int8
                 scale = np.stack([s for _, s in weights])
-                scales[scale_name(name)] = scale if _EXPERT.match(name) else scale[0]
+                scales[scale_name(name)] = scale if expert else scale[0]
                 arrays.append(jnp.asarray(host) if on_device else host)
                 continue
         else:
             host = np.empty(tuple(leaf.shape), dtype)
             reader.read_into(parts[0], host)
-        pair = quantize(name, host) if quantize is not None and quantized is not None else None
+        pair = quantize(name, host) if quantize is not None else None
         if pair is not None:
             host, quantized[scale_name(name)] = pair
         arrays.append(jnp.asarray(host) if on_device else host)
