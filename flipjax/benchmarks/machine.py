@@ -1,6 +1,9 @@
 """What this machine can do at best: copy bandwidth, matvec time over N bytes, matmul FLOP/s.
 
-Measured in the same run as the thing they bound, because shared machines drift.
+Measured in the same run as the thing they bound, because shared machines drift. A decode
+step reads its weights from memory, so the products that bound it are timed over distinct
+copies spanning more than the last-level cache (`kernels_pallas.cpu_caches`): on a CPU whose
+cache holds the weight, timing one weight again and again measures the cache.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from kernels_pallas import cpu_caches
 from kernels_pallas.matmul import native_binding as matmul_native
 
 
@@ -32,22 +36,34 @@ def copy_bandwidth_gbs(nbytes: int = 512 << 20) -> float:
     return 2 * nbytes / best_of(lambda: copy(x)) / 1e9
 
 
+def uncached(weight: jax.Array) -> list[jax.Array]:
+    """`weight` and copies of it, together spanning more than the last-level cache."""
+    copies = max(1, -(-cpu_caches.sweep_bytes() // weight.nbytes))
+    return [weight] + [jnp.array(weight, copy=True) for _ in range(copies - 1)]
+
+
+def sweep_seconds(product: Callable[[jax.Array], jax.Array], weights: list[jax.Array]) -> float:
+    """Fastest time of `product(w)` per weight, over passes through every copy in `weights`."""
+    return best_of(lambda: [product(w) for w in weights]) / len(weights)
+
+
 def matvec_seconds(nbytes: int, width: int = 768, dtype: jnp.dtype = jnp.float32) -> float:
-    """Time of one matrix-vector product over a `nbytes` matrix: the batch-1 decode floor."""
+    """Time of one matrix-vector product over a `nbytes` matrix read from memory: the batch-1
+    decode floor."""
     rows = nbytes // (jnp.dtype(dtype).itemsize * width)
-    w = jnp.ones((width, rows), dtype) * 0.5
     v = jnp.ones((_rows(1, dtype), width), dtype)
     mv = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
-    return best_of(lambda: mv(v, w))
+    return sweep_seconds(lambda w: mv(v, w), uncached(jnp.ones((width, rows), dtype) * 0.5))
 
 
 def gemm_flops(
     m: int, k: int = 768, n: int = 32000, dtype: jnp.dtype = jnp.float32, kernel: str = "xla"
 ) -> float:
-    """FLOP/s of an [m, k] x [k, n] matmul: what a batch-m decode step's GEMMs can run at, by
-    XLA's dot (`kernel="xla"`) or by the native matmul (`"native"`; the engine's `Linear` runs
-    whichever this machine's calibration picked, so a bound should take the faster)."""
-    b = jnp.ones((k, n), dtype) * 0.5
+    """FLOP/s of an [m, k] x [k, n] matmul with its weight read from memory: what a batch-m
+    decode step's GEMMs can run at, by XLA's dot (`kernel="xla"`) or by the native matmul
+    (`"native"`; the engine's `Linear` runs whichever this machine's calibration picked, so a
+    bound should take the faster)."""
+    weights = uncached(jnp.ones((k, n), dtype) * 0.5)
     if kernel == "native":
         targets = matmul_native.targets()
         a = jnp.ones((m, k), jnp.float32)
@@ -55,7 +71,7 @@ def gemm_flops(
     else:
         a = jnp.ones((_rows(m, dtype), k), dtype)
         mm = jax.jit(lambda x, w: jnp.matmul(x, w, preferred_element_type=jnp.float32))
-    return 2 * m * k * n / best_of(lambda: mm(a, b))
+    return 2 * m * k * n / sweep_seconds(lambda w: mm(a, w), weights)
 
 
 def _rows(m: int, dtype: jnp.dtype) -> int:

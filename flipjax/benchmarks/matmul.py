@@ -2,11 +2,11 @@
 
 For every distinct `[in, out]` weight of the engine benchmark's model and each row count, both
 run `x [rows, in] @ w [in, out]` (w in fp32, or bf16 with `--dtype bfloat16`, accumulated in
-fp32 as `Linear` runs it) over enough copies of the weight that none stays in
-cache between calls (as in a decode step, which reads each weight once). Reports each time, the
-ratio and the weight bytes per second of either, and marks the row counts `dispatch.matmul`
-hands to the native kernel (this machine's calibration, `kernels_pallas/matmul/calibration.py`,
-which times the same two products).
+fp32 as `Linear` runs it) over copies of the weight spanning twice this CPU's last-level cache,
+so that none stays in cache between calls (as in a decode step, which reads each weight once).
+Reports each time, the ratio and the weight bytes per second of either, and marks the row
+counts `dispatch.matmul` hands to the native kernel (this machine's calibration,
+`kernels_pallas/matmul/calibration.py`, which times the same two products).
 
 `--ragged` measures the experts' grouped matmul instead: the native kernel against XLA's
 `ragged_dot`, over the `--moe` engine benchmark's expert weights, for as many rows (token-expert
@@ -27,12 +27,11 @@ import numpy as np
 
 from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG
 from flipjax.benchmarks.kernel_paths import native_matmul_picked
+from flipjax.benchmarks.machine import uncached
 from kernels_pallas import native
 from kernels_pallas.matmul import native_binding as dense_native
 from kernels_pallas.matmul.xla_form import xla_matmul
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
-
-COPIES_BYTES = 96 << 20  # more than a server CPU's last-level cache
 
 
 def weight_shapes(cfg: dict) -> list[tuple[int, int]]:
@@ -92,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     for k, n in weight_shapes(REFERENCE_CONFIG):
         nbytes = dtype.itemsize * k * n
-        copies = max(1, COPIES_BYTES // nbytes)
-        ws = [jnp.asarray(rng.normal(0, 0.02, (k, n)), dtype) for _ in range(copies)]
+        ws = uncached(jnp.asarray(rng.normal(0, 0.02, (k, n)), dtype))
         for m in rows_list:
             x = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
             t_ours = per_call_seconds(ours, x, ws, args.repeats)
@@ -116,12 +114,12 @@ def ragged(dtype: jnp.dtype, repeats: int) -> None:
     rng = np.random.default_rng(0)
     print(f"{'x @ w[group]':>28} {'native ms':>10} {'xla ms':>8} {'ratio':>7}")
     for shape in ((experts, h, i), (experts, i, h)):
-        w = jnp.asarray(rng.normal(0, 0.02, shape), dtype)
+        ws = uncached(jnp.asarray(rng.normal(0, 0.02, shape), dtype))
         for rows in (k, 8 * k, 32 * k, 128 * k, 32 * 128 * k):
             choice = rng.integers(0, experts, rows)
             sizes = jnp.asarray(np.bincount(choice, minlength=experts), jnp.int32)
             x = jnp.asarray(rng.normal(size=(rows, shape[1])), jnp.float32)
-            t_ours = per_call_seconds(lambda x, w, sizes=sizes: ours(x, w, sizes), x, [w], repeats)
-            t_xla = per_call_seconds(lambda x, w, sizes=sizes: xla(x, w, sizes), x, [w], repeats)
+            t_ours = per_call_seconds(lambda x, w, sizes=sizes: ours(x, w, sizes), x, ws, repeats)
+            t_xla = per_call_seconds(lambda x, w, sizes=sizes: xla(x, w, sizes), x, ws, repeats)
             name = f"[{rows},{shape[1]}] x {list(shape)}"
             print(f"{name:>28} {t_ours * 1e3:>10.3f} {t_xla * 1e3:>8.3f} {t_xla / t_ours:>6.1f}x")

@@ -5,7 +5,8 @@ Where the kernel beats XLA's dot depends on the CPU, so no constant holds everyw
 AVX-512 machine the fp32 kernel won from 2 to 32 rows; built for AVX2 on the same machine it
 lost from 32 rows on, to half XLA's rate (`python -m flipjax.bench matmul`). The first use of
 `native_rows` for a build therefore times both products as the engine runs them, over weights
-larger than a last-level cache (a decode step reads each weight once), and keeps, per weight
+spanning twice the last-level cache this CPU reports (a decode step reads each weight once, from
+memory; see `kernels_pallas.cpu_caches`), and keeps, per weight
 dtype, the run of candidate row counts over which the kernel saved the most. The choice is
 written beside the kernel's library, under the same key (source, flags, jaxlib, CPU), so it is
 made once: every later step and process dispatches the same way, and a row count never flips
@@ -32,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels_pallas import native
+from kernels_pallas import cpu_caches, native
 from kernels_pallas.matmul import native_binding
 from kernels_pallas.matmul.xla_form import xla_matmul
 
@@ -40,7 +41,6 @@ ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
 DTYPES = ("float32", "bfloat16")
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
-SWEEP_BYTES = 48 << 20  # weights per timed pass: more than most CPUs' last-level cache
 ROUNDS = 5
 MAX_ROWS = 1 << 16
 CACHE_SUFFIX = ".rows.json"
@@ -142,11 +142,13 @@ def measure(
     isa: str,
     rows: tuple[int, ...] = CANDIDATE_ROWS,
     shape: tuple[int, int] = WEIGHT_SHAPE,
-    sweep_bytes: int = SWEEP_BYTES,
+    sweep_bytes: int | None = None,
     rounds: int = ROUNDS,
 ) -> Times:
     """Per dtype and row count, the fastest of `rounds` interleaved passes of each product over
-    enough copies of a `shape` weight to fill `sweep_bytes`, per product."""
+    enough copies of a `shape` weight to fill `sweep_bytes` (default: twice the last-level
+    cache), per product."""
+    sweep_bytes = sweep_bytes or cpu_caches.sweep_bytes()
     device = jax.local_devices(backend="cpu")[0]
     targets = native_binding.targets(isa)
     ours = jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
@@ -156,10 +158,10 @@ def measure(
     for name in DTYPES:
         dtype = jnp.dtype(name)
         copies = max(2, sweep_bytes // (shape[0] * shape[1] * dtype.itemsize))
-        weights = [
-            jax.device_put((rng.standard_normal(shape) * 0.02).astype(dtype), device)
-            for _ in range(copies)
-        ]
+        first = jax.device_put((rng.standard_normal(shape) * 0.02).astype(dtype), device)
+        # Distinct buffers of the same values, copied on the device: drawing hundreds of
+        # megabytes of random numbers would take longer than the timing.
+        weights = [first] + [jnp.array(first, copy=True) for _ in range(copies - 1)]
         times[name] = {}
         for m in rows:
             x = jax.device_put(rng.standard_normal((m, shape[0])).astype(np.float32), device)
