@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from flipjax.model.layers import Linear
-from kernels_pallas import dispatch, head_parallel, native
+from kernels_pallas import cpu_caches, dispatch, head_parallel, native
 from kernels_pallas.matmul import calibration
 
 F32, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
@@ -134,3 +134,20 @@ def test_a_real_calibration_runs_while_a_step_is_traced(unpinned, monkeypatch):
     assert all(t > 0 for d in seconds.values() for pair in d.values() for t in pair)
     chosen = calibration.native_rows(F32)
     assert ("flipjax_matmul" in program) == (2 in chosen)
+
+
+def test_the_calibration_times_products_over_copies_spanning_the_cache(monkeypatch):
+    """On a CPU whose cache holds the sweep, the calibration would time the cache, not memory
+    as a decode step reads it: the default sweep follows the cache this CPU reports."""
+    monkeypatch.setattr(cpu_caches, "last_level_cache_bytes", lambda: 40 << 20)
+    spans = []
+    real_pass = calibration._timed_pass
+
+    def counting_pass(product, weights):
+        spans.append(sum(w.nbytes for w in weights))
+        assert len({w.unsafe_buffer_pointer() for w in weights}) == len(weights)
+        return real_pass(product, weights[:2])
+
+    monkeypatch.setattr(calibration, "_timed_pass", counting_pass)
+    REAL_MEASURE(native.build_isa(), rows=(2,), shape=(512, 1024), rounds=1)
+    assert spans and all(span >= 80 << 20 for span in spans), spans
