@@ -14,6 +14,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+
 CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
 FALLBACK_BYTES = 64 << 20  # where the cache cannot be read: more than most CPUs' L3
 MIN_SWEEP_BYTES = 48 << 20
@@ -48,3 +51,11 @@ def sweep_bytes(floor: int = MIN_SWEEP_BYTES) -> int:
     comes back to it: twice the last-level cache (its replacement is not exactly LRU), and at
     least `floor`."""
     return max(floor, 2 * last_level_cache_bytes())
+
+
+def uncached_copies(weight: jax.Array, span: int | None = None) -> list[jax.Array]:
+    """`weight` and copies of it in buffers of their own, at least two, together spanning
+    `span` bytes (default `sweep_bytes()`). Copied on the device: drawing hundreds of
+    megabytes of random numbers for each would take longer than the timing."""
+    copies = max(2, -(-(span or sweep_bytes()) // weight.nbytes))
+    return [weight] + [jnp.array(weight, copy=True) for _ in range(copies - 1)]

@@ -43,12 +43,6 @@ def copy_bandwidth_gbs(nbytes: int = 512 << 20) -> float:
     return 2 * nbytes / best_of(one_pass) / 1e9
 
 
-def uncached(weight: jax.Array) -> list[jax.Array]:
-    """`weight` and copies of it, together spanning more than the last-level cache."""
-    copies = max(1, -(-cpu_caches.sweep_bytes() // weight.nbytes))
-    return [weight] + [jnp.array(weight, copy=True) for _ in range(copies - 1)]
-
-
 def sweep_seconds(product: Callable[[jax.Array], jax.Array], weights: list[jax.Array]) -> float:
     """Fastest time of `product(w)` per weight, over passes through every copy in `weights`."""
     return best_of(lambda: [product(w) for w in weights]) / len(weights)
@@ -60,7 +54,9 @@ def matvec_seconds(nbytes: int, width: int = 768, dtype: jnp.dtype = jnp.float32
     rows = nbytes // (jnp.dtype(dtype).itemsize * width)
     v = jnp.ones((_rows(1, dtype), width), dtype)
     mv = jax.jit(lambda a, b: jnp.matmul(a, b, preferred_element_type=jnp.float32))
-    return sweep_seconds(lambda w: mv(v, w), uncached(jnp.ones((width, rows), dtype) * 0.5))
+    return sweep_seconds(
+        lambda w: mv(v, w), cpu_caches.uncached_copies(jnp.ones((width, rows), dtype) * 0.5)
+    )
 
 
 def gemm_flops(
@@ -70,7 +66,7 @@ def gemm_flops(
     decode step's GEMMs can run at, by XLA's dot (`kernel="xla"`) or by the native matmul
     (`"native"`; the engine's `Linear` runs whichever this machine's calibration picked, so a
     bound should take the faster)."""
-    weights = uncached(jnp.ones((k, n), dtype) * 0.5)
+    weights = cpu_caches.uncached_copies(jnp.ones((k, n), dtype) * 0.5)
     if kernel == "native":
         targets = matmul_native.targets()
         a = jnp.ones((m, k), jnp.float32)

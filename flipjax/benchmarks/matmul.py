@@ -27,8 +27,8 @@ import numpy as np
 
 from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG
 from flipjax.benchmarks.kernel_paths import native_matmul_picked
-from flipjax.benchmarks.machine import uncached
 from kernels_pallas import native
+from kernels_pallas.cpu_caches import uncached_copies
 from kernels_pallas.matmul import native_binding as dense_native
 from kernels_pallas.matmul.xla_form import xla_matmul
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     for k, n in weight_shapes(REFERENCE_CONFIG):
         nbytes = dtype.itemsize * k * n
-        ws = uncached(jnp.asarray(rng.normal(0, 0.02, (k, n)), dtype))
+        ws = uncached_copies(jnp.asarray(rng.normal(0, 0.02, (k, n)), dtype))
         for m in rows_list:
             x = jnp.asarray(rng.normal(size=(m, k)), jnp.float32)
             t_ours = per_call_seconds(ours, x, ws, args.repeats)
@@ -114,7 +114,7 @@ def ragged(dtype: jnp.dtype, repeats: int) -> None:
     rng = np.random.default_rng(0)
     print(f"{'x @ w[group]':>28} {'native ms':>10} {'xla ms':>8} {'ratio':>7}")
     for shape in ((experts, h, i), (experts, i, h)):
-        ws = uncached(jnp.asarray(rng.normal(0, 0.02, shape), dtype))
+        ws = uncached_copies(jnp.asarray(rng.normal(0, 0.02, shape), dtype))
         for rows in (k, 8 * k, 32 * k, 128 * k, 32 * 128 * k):
             choice = rng.integers(0, experts, rows)
             sizes = jnp.asarray(np.bincount(choice, minlength=experts), jnp.int32)

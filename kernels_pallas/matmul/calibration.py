@@ -148,7 +148,6 @@ def measure(
     """Per dtype and row count, the fastest of `rounds` interleaved passes of each product over
     enough copies of a `shape` weight to fill `sweep_bytes` (default: twice the last-level
     cache), per product."""
-    sweep_bytes = sweep_bytes or cpu_caches.sweep_bytes()
     device = jax.local_devices(backend="cpu")[0]
     targets = native_binding.targets(isa)
     ours = jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
@@ -157,11 +156,9 @@ def measure(
     times: Times = {}
     for name in DTYPES:
         dtype = jnp.dtype(name)
-        copies = max(2, sweep_bytes // (shape[0] * shape[1] * dtype.itemsize))
         first = jax.device_put((rng.standard_normal(shape) * 0.02).astype(dtype), device)
-        # Distinct buffers of the same values, copied on the device: drawing hundreds of
-        # megabytes of random numbers would take longer than the timing.
-        weights = [first] + [jnp.array(first, copy=True) for _ in range(copies - 1)]
+        weights = cpu_caches.uncached_copies(first, sweep_bytes)
+        copies = len(weights)
         times[name] = {}
         for m in rows:
             x = jax.device_put(rng.standard_normal((m, shape[0])).astype(np.float32), device)

@@ -1,5 +1,6 @@
 """Timed sweeps span the cache this CPU reports: the largest cache sysfs lists (a fallback when
-none can be read), twice that for a sweep, and the benchmarks' copies of a weight span it."""
+none can be read), twice that for a sweep, and the copies of a weight that the calibration and
+the benchmarks time span it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 
-from flipjax.benchmarks import machine
 from kernels_pallas import cpu_caches
 
 
@@ -48,7 +48,7 @@ def test_a_sweep_spans_twice_the_cache_and_the_benchmarks_copies_span_the_sweep(
     assert cpu_caches.sweep_bytes() == cpu_caches.MIN_SWEEP_BYTES
     monkeypatch.setattr(cpu_caches, "sweep_bytes", lambda: 10 << 20)
     weight = jnp.full((256, 1024), 0.5, jnp.float32)  # 1 MiB
-    copies = machine.uncached(weight)
+    copies = cpu_caches.uncached_copies(weight)
     assert sum(w.nbytes for w in copies) >= 10 << 20 and len(copies) == 10
     pointers = {w.unsafe_buffer_pointer() for w in copies}
     assert len(pointers) == len(copies), "a copy that shares a buffer is read from cache"
