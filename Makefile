@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The whole pytest run's bound: a run stuck past every per-test timeout still ends, and fails.
 TEST_RUN_LIMIT_S ?= 1800
 
-.PHONY: serve test test-repeat lint install install-test redis-server cxx
+.PHONY: serve test test-repeat test-durations lint install install-test redis-server cxx
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ test: $(VENV)/.installed-test redis-server cxx
 	$(VENV)/bin/lint-imports
 	timeout -k 30 $(TEST_RUN_LIMIT_S) $(PY) -m pytest -q -n auto --dist loadfile --durations=15 \
 	  --no-loadscope-reorder --max-worker-restart=0 $(PYTEST_ARGS)
+
+# The suite once, rewriting tests/durations.json (each file's seconds: the order workers take them).
+test-durations: $(VENV)/.installed-test redis-server cxx
+	bash .ci/update-durations $(PYTEST_ARGS)
 
 # The suite N times in a fresh clone of HEAD, with pass/fail and wall time for each run.
 N ?= 10

@@ -80,6 +80,17 @@ _terminal: list[int] = []  # a copy of stderr made before pytest captures it
 _DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
 
 
+# With FLIPJAX_TEST_DURATIONS=<file>, each worker appends `<file> <seconds>` per test phase, and
+# `make test-durations` sums them into `durations.json`.
+_DURATIONS_LOG = os.environ.get("FLIPJAX_TEST_DURATIONS")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _DURATIONS_LOG:
+        with open(_DURATIONS_LOG, "a") as f:
+            f.write(f"{report.nodeid.split('::')[0]} {report.duration:.3f}\n")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     with open(_DURATIONS) as f:
         seconds = json.load(f)
