@@ -70,6 +70,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
     eos_token_id: int | None = None
+    # Decoder layers of the multi-token-prediction head (`mtp.*`); 0: the checkpoint has none.
+    mtp_num_hidden_layers: int = 0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -177,6 +179,11 @@ def _fields_from_hf(raw: dict[str, Any]) -> dict[str, Any]:
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
         eos_token_id=None if eos is None else int(eos),
+        # Published Qwen3-Next configs name it `mtp_num_hidden_layers`; vLLM reads the
+        # DeepSeek name `num_nextn_predict_layers`.
+        mtp_num_hidden_layers=int(
+            raw.get("mtp_num_hidden_layers", raw.get("num_nextn_predict_layers", 0)) or 0
+        ),
     )
 
 
@@ -205,6 +212,9 @@ def _validate(c: ModelConfig) -> None:
         value = getattr(c, name)
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+    mtp_layers = c.mtp_num_hidden_layers
+    if not isinstance(mtp_layers, int) or mtp_layers < 0:
+        raise ValueError(f"mtp_num_hidden_layers: must be an integer >= 0, got {mtp_layers!r}")
     if len(c.layer_types) != c.num_hidden_layers:
         raise ValueError(
             f"layer_types: has {len(c.layer_types)} entries, num_hidden_layers is "

@@ -16,36 +16,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from flipjax.model.attention import ContiguousKV, Qwen3NextAttention
+from flipjax.model.attention import ContiguousKV
 from flipjax.model.config import FULL_ATTENTION, ModelConfig
+from flipjax.model.decoder_layer import Qwen3NextDecoderLayer
 from flipjax.model.gated_deltanet import Qwen3NextGatedDeltaNet
 from flipjax.model.layers import Embedding, Linear, RMSNorm
-from flipjax.model.mlp import Qwen3NextMLP, Qwen3NextSparseMoeBlock
+from flipjax.model.mtp import Qwen3NextMTP
 
 Cache = tuple[Any, ...]
-
-
-class Qwen3NextDecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.is_full_attention = cfg.layer_types[layer_idx] == FULL_ATTENTION
-        if self.is_full_attention:
-            self.self_attn = Qwen3NextAttention(cfg, dtype=dtype, rngs=rngs)
-        else:
-            self.linear_attn = Qwen3NextGatedDeltaNet(cfg, dtype=dtype, rngs=rngs)
-        if cfg.is_moe_layer(layer_idx):
-            self.mlp = Qwen3NextSparseMoeBlock(cfg, dtype=dtype, rngs=rngs)
-        else:
-            self.mlp = Qwen3NextMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, rngs=rngs)
-        eps = cfg.rms_norm_eps
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps, dtype=dtype, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps, dtype=dtype, rngs=rngs)
-
-    def __call__(self, h: jax.Array, positions: jax.Array, cache: Any) -> tuple[jax.Array, Any]:
-        mixer = self.self_attn if self.is_full_attention else self.linear_attn
-        out, cache = mixer(self.input_layernorm(h), positions, cache)
-        h = h + out
-        h = h + self.mlp(self.post_attention_layernorm(h))
-        return h, cache
 
 
 class Qwen3NextModel(nnx.Module):
@@ -61,11 +39,15 @@ class Qwen3NextModel(nnx.Module):
 
 
 class Qwen3NextForCausalLM(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs, mtp: bool = False):
+        """`mtp`: with the multi-token-prediction head (`self.mtp`), which the config must
+        give layers; without it, a checkpoint's `mtp.*` tensors are not loaded."""
         self.cfg = cfg
         self.model = Qwen3NextModel(cfg, dtype=dtype, rngs=rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, rngs=rngs)
+        if mtp:
+            self.mtp = Qwen3NextMTP(cfg, dtype=dtype, rngs=rngs)
 
     def hidden_states(
         self, tokens: jax.Array, positions: jax.Array, cache: Cache
@@ -77,6 +59,14 @@ class Qwen3NextForCausalLM(nnx.Module):
             h, layer_cache = layer(h, positions, layer_cache)
             new_cache.append(layer_cache)
         return self.model.norm(h), tuple(new_cache)
+
+    def mtp_hidden_states(
+        self, next_tokens: jax.Array, hidden: jax.Array, positions: jax.Array, cache: Any
+    ) -> tuple[jax.Array, Any]:
+        """The MTP head's normed hidden states for tokens t+2 (`logits` of them predict it),
+        from `next_tokens` (t+1) and `hidden` (this model's `hidden_states` at t)."""
+        embeds = self.model.embed_tokens(next_tokens)
+        return self.mtp(embeds, hidden, positions, cache)
 
     def logits(self, h: jax.Array) -> jax.Array:
         if self.cfg.tie_word_embeddings:

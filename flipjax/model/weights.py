@@ -27,9 +27,12 @@ from flipjax.model.scale_names import scale_name
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
-_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$")
+# A stacked experts' weight [E, in, out] of a model layer or an MTP layer, and its projection.
+EXPERT_WEIGHT = re.compile(
+    r"^((?:model|mtp)\.layers\.\d+\.mlp\.experts)\.(gate_proj|up_proj|down_proj)$"
+)
 _BLOCK_BYTES = 8 << 20  # what a tensor is read in, of the model's dtype
-_KERNEL = ".kernel"  # a `Linear`'s [in, out]: the checkpoint's `.weight` [out, in], transposed
+KERNEL = ".kernel"  # a `Linear`'s [in, out]: the checkpoint's `.weight` [out, in], transposed
 _IGNORED_PREFIXES = ("mtp.",)
 
 
@@ -48,7 +51,7 @@ def param_name(path: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def _tensor_files(path: str) -> dict[str, str]:
+def tensor_files(path: str) -> dict[str, str]:
     """Map every tensor name to the file that holds it."""
     index = os.path.join(path, INDEX_FILE)
     if os.path.exists(index):
@@ -109,10 +112,10 @@ def _sources(
 ) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Checkpoint tensors (and their expected shapes) that make up one model parameter. A
     weight stored int8 (`int8_checkpoint`) brings its scale and, packed, its shape."""
-    if name.endswith(_KERNEL):
-        yield from int8_checkpoint.sources(name.removesuffix(_KERNEL), shape, available)
+    if name.endswith(KERNEL):
+        yield from int8_checkpoint.sources(name.removesuffix(KERNEL), shape, available)
         return
-    match = _EXPERT.match(name)
+    match = EXPERT_WEIGHT.match(name)
     if match is None:
         yield name, shape
         return
@@ -142,7 +145,7 @@ def load_params(
     `quantize` (`quantize.weight_quantizer`) quantizes the others as they are read, their
     scales put in `quantized` (required with it): no float copy of the whole model is held.
     """
-    reader = _Reader(_tensor_files(path))
+    reader = _Reader(tensor_files(path))
     available = set(reader.files)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(abstract)
     missing: list[str] = []
@@ -180,8 +183,8 @@ def load_params(
     todo = zip(leaves, plan, strict=True)
     for (key_path, leaf), parts in tqdm(todo, total=len(plan), disable=not progress, unit="tensor"):
         name = param_name(key_path)
-        expert = _EXPERT.match(name) is not None
-        weight = expert or name.endswith(_KERNEL)
+        expert = EXPERT_WEIGHT.match(name) is not None
+        weight = expert or name.endswith(KERNEL)
         full_precision = not any(
             int8_checkpoint.is_scale(p) or p.endswith(int8_checkpoint.PACKED) for p in parts
         )

@@ -1,0 +1,5 @@
+import sys
+
+from flipjax.train.cli import main
+
+sys.exit(main())
