@@ -49,11 +49,14 @@ class TrainCheckpoints:
                 return x
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
 
-        abstract = {
-            "params": jax.tree.map(target, params),
-            "opt_state": jax.tree.map(target, opt_state),
-            "data": {"epoch": np.int64(0), "index": np.int64(0)},
-        }
+        abstract = jax.tree.map(
+            target,
+            {
+                "params": params,
+                "opt_state": opt_state,
+                "data": {"epoch": np.int64(0), "index": np.int64(0)},
+            },
+        )
         item = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
         data = DataPosition(int(item["data"]["epoch"]), int(item["data"]["index"]))
         return item["params"], item["opt_state"], data

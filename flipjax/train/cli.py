@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    if evaluation is not None:
+    if evaluation is not None and (step // values["accumulate"]) % values["eval_every"]:
         print(evaluation(params).line(step // values["accumulate"]), file=sys.stderr)
     folder = os.path.join(out, "hf")
     if not os.path.exists(folder):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ def train(
             bar.update()
             update, boundary = divmod(step, settings.accumulate)
             if boundary == 0 and evaluation is not None and update % settings.eval_every == 0:
-                bar.write(evaluation(params).line(update))
+                bar.write(evaluation(params).line(update), file=sys.stderr)
             if boundary == 0 and (update % settings.save_every == 0 or step == total):
                 checkpoints.save(step, params, opt_state, position)
         if interrupts.requested is not None and checkpoints.latest_step() != step:

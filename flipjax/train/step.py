@@ -58,6 +58,7 @@ class Trainer:
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self.batch_sharding = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
         self._step = jax.jit(self._update, donate_argnums=(0, 1))
+        self._gradients = jax.jit(jax.value_and_grad(self._loss, has_aux=True))
         self._eval = jax.jit(self._eval_sums)
 
     def place(self, tree: Any) -> Any:
@@ -80,6 +81,11 @@ class Trainer:
         """One micro-batch: params and opt_state are donated (the caller keeps the results)."""
         return self._step(params, opt_state, tokens)
 
+    def gradients(self, params: nnx.State, tokens: jax.Array) -> tuple[Losses, nnx.State]:
+        """The loss terms and the gradient of the total over the batch, without an update."""
+        (_, terms), grads = self._gradients(params, tokens)
+        return terms, grads
+
     def evaluate(self, params: nnx.State, tokens: jax.Array) -> EvalSums:
         nats, count, mtp_nats, mtp_count, agree = (x.item() for x in self._eval(params, tokens))
         return EvalSums(nats, int(count), mtp_nats, int(mtp_count), int(agree))
@@ -93,7 +99,7 @@ class Trainer:
         self, params: nnx.State, opt_state: Any, tokens: jax.Array
     ) -> tuple[nnx.State, Any, StepMetrics]:
         (_, terms), grads = jax.value_and_grad(self._loss, has_aux=True)(params, tokens)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(terms.total) & jnp.isfinite(grad_norm)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
