@@ -44,6 +44,9 @@ NATIVE_MATMUL_MIN_COLUMNS = 128
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "flipjax_kernels", default=None
 )
+_pinned_prefill_form: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "flipjax_gdn_prefill", default=None
+)
 
 
 def _checked(mode: str, source: str) -> str:
@@ -76,6 +79,19 @@ def kernels(mode: str) -> Iterator[None]:
         yield
     finally:
         _pinned.reset(token)
+
+
+@contextlib.contextmanager
+def prefill_form(form: str) -> Iterator[None]:
+    """Pins the reference delta rule's prefill form ("chunked" or "recurrent") for programs
+    traced inside, over `FLIPJAX_GDN_PREFILL` and the default."""
+    if form not in ("chunked", "recurrent"):
+        raise ValueError(f"prefill_form: {form!r} is neither 'chunked' nor 'recurrent'")
+    token = _pinned_prefill_form.set(form)
+    try:
+        yield
+    finally:
+        _pinned_prefill_form.reset(token)
 
 
 def paged_attention(
@@ -153,8 +169,10 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
         return kernel if mesh is None else head_parallel.delta_rule(kernel, mesh)
     if num_tokens == 1:
         return gdn_reference.delta_rule_recurrent
-    form = os.environ.get(PREFILL_FORM_ENV) or (
-        "recurrent" if jax.default_backend() == "cpu" else "chunked"
+    form = (
+        _pinned_prefill_form.get()
+        or os.environ.get(PREFILL_FORM_ENV)
+        or ("recurrent" if jax.default_backend() == "cpu" else "chunked")
     )
     if form not in ("chunked", "recurrent"):
         raise ValueError(f"{PREFILL_FORM_ENV}: {form!r} is neither 'chunked' nor 'recurrent'")

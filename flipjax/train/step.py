@@ -17,10 +17,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flipjax.model.attention import ContiguousKV
-from flipjax.model.qwen3_next import init_cache
-from flipjax.train.loss import Losses, cross_entropy, losses
-from kernels_pallas import dispatch
+from flipjax.train.loss import Losses, cross_entropy, hidden_states, losses
 
 DATA_AXIS = "data"
 
@@ -107,25 +104,18 @@ class Trainer:
 
     def _eval_sums(self, params: nnx.State, tokens: jax.Array) -> tuple[jax.Array, ...]:
         model = nnx.merge(self.graphdef, params)
-        cfg = model.cfg
         b, t = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        dtype = model.model.embed_tokens.weight.dtype
-        with dispatch.kernels("reference"):
-            hidden, _ = model.hidden_states(tokens, positions, init_cache(cfg, b, t, dtype))
-            logits = model.logits(hidden)
-            ones = jnp.ones((b, t - 1), jnp.float32)
-            nats = cross_entropy(logits[:, :-1], tokens[:, 1:], ones) * ones.sum()
-            zero = jnp.zeros((), jnp.float32)
-            mtp_nats, mtp_count, agree = zero, zero, zero
-            if hasattr(model, "mtp"):
-                cache = ContiguousKV.empty(cfg, b, t - 1, dtype)
-                mtp_hidden, _ = model.mtp_hidden_states(
-                    tokens[:, 1:], hidden[:, :-1], positions[:, :-1], cache
-                )
-                mtp_logits = model.logits(mtp_hidden[:, :-1])  # at t, for token t+2
-                mtp_count = jnp.asarray(b * (t - 2), jnp.float32)
-                mtp_nats = cross_entropy(mtp_logits, tokens[:, 2:], ones[:, 1:]) * mtp_count
-                base = jnp.argmax(logits[:, 1:-1], axis=-1)  # at t+1, for token t+2
-                agree = jnp.sum(jnp.argmax(mtp_logits, axis=-1) == base).astype(jnp.float32)
+        hidden, mtp_hidden = hidden_states(model, tokens, positions)
+        logits = model.logits(hidden)
+        ones = jnp.ones((b, t - 1), jnp.float32)
+        nats = cross_entropy(logits[:, :-1], tokens[:, 1:], ones) * ones.sum()
+        zero = jnp.zeros((), jnp.float32)
+        mtp_nats, mtp_count, agree = zero, zero, zero
+        if mtp_hidden is not None:
+            mtp_logits = model.logits(mtp_hidden[:, :-1])  # at t, for token t+2
+            mtp_count = jnp.asarray(b * (t - 2), jnp.float32)
+            mtp_nats = cross_entropy(mtp_logits, tokens[:, 2:], ones[:, 1:]) * mtp_count
+            base = jnp.argmax(logits[:, 1:-1], axis=-1)  # at t+1, for token t+2
+            agree = jnp.sum(jnp.argmax(mtp_logits, axis=-1) == base).astype(jnp.float32)
         return nats, ones.sum(), mtp_nats, mtp_count, agree

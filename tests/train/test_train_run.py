@@ -16,7 +16,6 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
-from flipjax import Engine, SamplingParams
 from flipjax.model.config import ModelConfig
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.train import cli
@@ -48,7 +47,7 @@ def _args(inputs: dict[str, str], out, *extra: str) -> list[str]:
     return [str(out), "--data", inputs["data"], "--config", inputs["config"], *FLAGS, *extra]
 
 
-def _small_trainer(devices: int, learning_rate: float = 3e-3) -> tuple[Trainer, nnx.State]:
+def _small_trainer(devices: int, learning_rate: float = 1e-2) -> tuple[Trainer, nnx.State]:
     cfg = ModelConfig.from_hf(SMALL)
     model = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0), mtp=True)
     graphdef, params = nnx.split(model, nnx.Param)
@@ -59,7 +58,7 @@ def _small_trainer(devices: int, learning_rate: float = 3e-3) -> tuple[Trainer, 
 
 
 def test_steps_on_one_batch_drive_its_loss_down():
-    trainer, params = _small_trainer(1, learning_rate=1e-2)
+    trainer, params = _small_trainer(1)
     opt_state = trainer.init_optimizer(params)
     batch = trainer.batch(np.random.default_rng(0).integers(0, 512, (8, 32)))
     seen = []
@@ -120,11 +119,6 @@ def test_a_run_interrupted_and_resumed_equals_the_uninterrupted_run(inputs, tmp_
     assert sorted(want) == sorted(got) and any(k.startswith("mtp.") for k in got)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-    # The exported folder serves.
-    out = Engine.from_pretrained(str(run / "hf")).generate(
-        ["def "], sampling=SamplingParams(temperature=0, max_tokens=4)
-    )
-    assert len(out[0].token_ids) == 4
 
 
 def test_a_non_finite_loss_stops_the_run_by_step_and_batch(inputs, tmp_path, capsys):
