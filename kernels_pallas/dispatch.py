@@ -44,9 +44,7 @@ NATIVE_MATMUL_MIN_COLUMNS = 128
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "flipjax_kernels", default=None
 )
-_pinned_prefill_form: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "flipjax_gdn_prefill", default=None
-)
+_pinned_form: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_form", default=None)
 
 
 def _checked(mode: str, source: str) -> str:
@@ -73,25 +71,15 @@ def current_mode() -> str:
 
 
 @contextlib.contextmanager
-def kernels(mode: str) -> Iterator[None]:
-    token = _pinned.set(_checked(mode, "kernels()"))
+def kernels(mode: str, prefill_form: str | None = None) -> Iterator[None]:
+    """Pins the mode, and the reference delta rule's prefill form ("chunked" or "recurrent",
+    over `FLIPJAX_GDN_PREFILL`), for programs traced inside."""
+    tokens = (_pinned.set(_checked(mode, "kernels()")), _pinned_form.set(prefill_form))
     try:
         yield
     finally:
-        _pinned.reset(token)
-
-
-@contextlib.contextmanager
-def prefill_form(form: str) -> Iterator[None]:
-    """Pins the reference delta rule's prefill form ("chunked" or "recurrent") for programs
-    traced inside, over `FLIPJAX_GDN_PREFILL` and the default."""
-    if form not in ("chunked", "recurrent"):
-        raise ValueError(f"prefill_form: {form!r} is neither 'chunked' nor 'recurrent'")
-    token = _pinned_prefill_form.set(form)
-    try:
-        yield
-    finally:
-        _pinned_prefill_form.reset(token)
+        _pinned.reset(tokens[0])
+        _pinned_form.reset(tokens[1])
 
 
 def paged_attention(
@@ -169,13 +157,10 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
         return kernel if mesh is None else head_parallel.delta_rule(kernel, mesh)
     if num_tokens == 1:
         return gdn_reference.delta_rule_recurrent
-    form = (
-        _pinned_prefill_form.get()
-        or os.environ.get(PREFILL_FORM_ENV)
-        or ("recurrent" if jax.default_backend() == "cpu" else "chunked")
-    )
+    form = _pinned_form.get() or os.environ.get(PREFILL_FORM_ENV)
+    form = form or ("recurrent" if jax.default_backend() == "cpu" else "chunked")
     if form not in ("chunked", "recurrent"):
-        raise ValueError(f"{PREFILL_FORM_ENV}: {form!r} is neither 'chunked' nor 'recurrent'")
+        raise ValueError(f"GDN prefill form: {form!r} is neither 'chunked' nor 'recurrent'")
     chunked = form == "chunked"
     return gdn_reference.delta_rule_chunked if chunked else gdn_reference.delta_rule_recurrent
 

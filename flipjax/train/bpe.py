@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 EOS = "<|endoftext|>"
+CONFIG_FILE = "tokenizer_config.json"
 SPECIALS = (EOS, "<|im_start|>", "<|im_end|>")
 MIN_VOCAB, MAX_VOCAB = 512, 65536
 CHAT_TEMPLATE = (
@@ -64,5 +65,5 @@ def save(tokenizer: Tokenizer, folder: str) -> None:
         "pad_token": EOS,
         "chat_template": CHAT_TEMPLATE,
     }
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+    with open(os.path.join(folder, CONFIG_FILE), "w") as f:
         json.dump(config, f, indent=1)

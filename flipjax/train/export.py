@@ -11,8 +11,7 @@ from flax import nnx
 
 from flipjax.model.hf_export import write_checkpoint
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+from flipjax.train import bpe
 
 
 def export(folder: str, model: Qwen3NextForCausalLM, run: str) -> str:
@@ -20,8 +19,9 @@ def export(folder: str, model: Qwen3NextForCausalLM, run: str) -> str:
     _, params = nnx.split(model, nnx.Param)
 
     def tokenizer_files(partial: str) -> None:
-        for name in TOKENIZER_FILES:
-            shutil.copy2(os.path.join(run, name), partial)
+        for name in ("tokenizer.json", bpe.CONFIG_FILE):
+            if os.path.isfile(os.path.join(run, name)):
+                shutil.copy2(os.path.join(run, name), partial)
         with open(os.path.join(partial, "generation_config.json"), "w") as f:
             json.dump({"eos_token_id": model.cfg.eos_token_id}, f)
 

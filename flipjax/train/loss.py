@@ -46,7 +46,7 @@ def hidden_states(
     cfg = model.cfg
     b, t = tokens.shape
     dtype = model.model.embed_tokens.weight.dtype
-    with dispatch.kernels("reference"), dispatch.prefill_form(DELTA_RULE_FORM):
+    with dispatch.kernels("reference", prefill_form=DELTA_RULE_FORM):
         hidden, _ = model.hidden_states(tokens, positions, init_cache(cfg, b, t, dtype))
         if not hasattr(model, "mtp") or t < 3:
             return hidden, None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,16 +67,20 @@ def _tokenizer(out: str, values: dict[str, Any], texts: corpus.Corpus) -> Tokeni
     own = os.path.join(out, TOKENIZER_FILE)
     if os.path.isfile(own):
         return Tokenizer.from_file(own)
-    if values["init"] is not None:
-        path = os.path.join(values["init"], TOKENIZER_FILE)
-        if not os.path.isfile(path):
-            raise ValueError(f"--init: {values['init']} has no {TOKENIZER_FILE} to train with")
-        tokenizer = Tokenizer.from_file(path)
-        if tokenizer.token_to_id(bpe.EOS) is None:
-            raise ValueError(f"--init: {path} has no {bpe.EOS} token")
-    else:
+    if values["init"] is None:
         tokenizer = bpe.train((d.text for d in texts.train), values["vocab_size"])
-    bpe.save(tokenizer, out)
+        bpe.save(tokenizer, out)
+        return tokenizer
+    path = os.path.join(values["init"], TOKENIZER_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(f"--init: {values['init']} has no {TOKENIZER_FILE} to train with")
+    tokenizer = Tokenizer.from_file(path)
+    if tokenizer.token_to_id(bpe.EOS) is None:
+        raise ValueError(f"--init: {path} has no {bpe.EOS} token")
+    for name in (TOKENIZER_FILE, bpe.CONFIG_FILE):  # the checkpoint's own, chat template and all
+        source = os.path.join(values["init"], name)
+        if os.path.isfile(source):
+            shutil.copyfile(source, os.path.join(out, name))
     return tokenizer
 
 

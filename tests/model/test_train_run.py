@@ -96,9 +96,20 @@ def _weights(run) -> dict[str, np.ndarray]:
     return load_file(str(run / "hf" / "model.safetensors"))
 
 
-def test_a_run_interrupted_and_resumed_equals_the_uninterrupted_run(inputs, tmp_path, monkeypatch):
-    steps = ["--steps", "4", "--save-every", "100", "--eval-every", "2"]
-    assert cli.main(_args(inputs, tmp_path / "straight", *steps)) == 0
+STEPS = ["--steps", "4", "--save-every", "100", "--eval-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def straight(inputs, tmp_path_factory):
+    """A run of four updates, uninterrupted."""
+    run = tmp_path_factory.mktemp("straight")
+    assert cli.main(_args(inputs, run, *STEPS)) == 0
+    return run
+
+
+def test_a_run_interrupted_and_resumed_equals_the_uninterrupted_run(
+    inputs, straight, tmp_path, monkeypatch
+):
     step = Trainer.step
     calls = []
 
@@ -110,15 +121,29 @@ def test_a_run_interrupted_and_resumed_equals_the_uninterrupted_run(inputs, tmp_
 
     monkeypatch.setattr(Trainer, "step", interrupted_at_the_second)
     run = tmp_path / "resumed"
-    assert cli.main(_args(inputs, run, *steps)) == cli.EXIT_INTERRUPTED
+    assert cli.main(_args(inputs, run, *STEPS)) == cli.EXIT_INTERRUPTED
     assert sorted(os.listdir(run / "checkpoints")) == ["2"] and not (run / "hf").exists()
     monkeypatch.setattr(Trainer, "step", step)
     assert cli.main([str(run), "--resume", "--steps", "5"]) == 2  # not the run's settings
     assert cli.main([str(run), "--resume", "--no-progress"]) == 0
-    want, got = _weights(tmp_path / "straight"), _weights(run)
+    want, got = _weights(straight), _weights(run)
     assert sorted(want) == sorted(got) and any(k.startswith("mtp.") for k in got)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_fine_tuning_starts_from_the_checkpoint_and_keeps_its_tokenizer(inputs, straight, tmp_path):
+    """An update of 1e-12 leaves every weight, the MTP head's too, where the checkpoint had it."""
+    run = tmp_path / "tuned"
+    flags = ["--data", inputs["data"], *FLAGS, "--init", str(straight / "hf")]
+    tiny_step = ["--steps", "1", "--learning-rate", "1e-12", "--warmup-steps", "0"]
+    assert cli.main([str(run), *flags, *tiny_step]) == 0
+    want, got = _weights(straight), _weights(run)
+    assert sorted(want) == sorted(got)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-9, rtol=0, err_msg=name)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (run / "hf" / name).read_bytes() == (straight / "hf" / name).read_bytes()
 
 
 def test_a_non_finite_loss_stops_the_run_by_step_and_batch(inputs, tmp_path, capsys):
