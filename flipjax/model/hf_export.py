@@ -2,15 +2,14 @@
 with the checkpoint's names and layouts (the inverse of `weights.load_params`).
 
 `Linear` kernels go back to `[out, in]`, stacked experts to one tensor per expert, and the MTP
-head, where the model has one, to its `mtp.*` tensors. The folder is written under a
-`.partial` name, each file synced, and renamed into place last: a folder that exists is whole.
+head, where the model has one, to its `mtp.*` tensors. The folder appears whole or not at all
+(`folder_writes.whole_folder`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterator
 
 import jax
@@ -19,6 +18,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from flipjax.model.config import ModelConfig
+from flipjax.model.folder_writes import whole_folder
 from flipjax.model.weights import EXPERT_WEIGHT, KERNEL, SINGLE_FILE, param_name
 
 
@@ -58,20 +58,13 @@ def write_checkpoint(
     """Write the checkpoint folder; `extra_files(partial_folder)` adds the tokenizer and the
     like before the folder is renamed into place. Returns the folder's absolute path."""
     folder = os.path.abspath(folder)
-    if os.path.exists(folder):
-        raise FileExistsError(f"output: {folder} already exists; refusing to overwrite it")
-    partial = folder + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    tensors = dict(checkpoint_tensors(params))
-    dtypes = {a.dtype.name for a in tensors.values()}
-    save_file(tensors, os.path.join(partial, SINGLE_FILE), metadata={"format": "pt"})
-    with open(os.path.join(partial, "config.json"), "w") as f:
-        json.dump(hf_config(cfg, "bfloat16" if "bfloat16" in dtypes else "float32"), f, indent=1)
-    if extra_files is not None:
-        extra_files(partial)
-    for name in os.listdir(partial):
-        with open(os.path.join(partial, name), "rb") as f:
-            os.fsync(f.fileno())
-    os.rename(partial, folder)
+    with whole_folder(folder) as partial:
+        tensors = dict(checkpoint_tensors(params))
+        dtypes = {a.dtype.name for a in tensors.values()}
+        save_file(tensors, os.path.join(partial, SINGLE_FILE), metadata={"format": "pt"})
+        dtype = "bfloat16" if "bfloat16" in dtypes else "float32"
+        with open(os.path.join(partial, "config.json"), "w") as f:
+            json.dump(hf_config(cfg, dtype), f, indent=1)
+        if extra_files is not None:
+            extra_files(partial)
     return folder

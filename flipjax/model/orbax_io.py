@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
+from flipjax.model.folder_writes import whole_folder
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.weights import load_params, param_name
 
@@ -56,30 +57,23 @@ def save(
 ) -> int:
     """Write `params` as a checkpoint folder; config and tokenizer files come from `copy_from`
     (an HF folder), or the config is written from `cfg`. Returns the parameter bytes."""
-    out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir):
-        raise FileExistsError(f"output: {out_dir} already exists; refusing to overwrite it")
-    partial = out_dir + ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(os.path.join(partial, PARAMS_DIR), nnx.to_pure_dict(params))
-    checkpointer.wait_until_finished()
-    if copy_from is None:
-        _write_json(os.path.join(partial, "config.json"), {**cfg.to_dict(), **_HF_TYPE})
-    else:
-        for name in os.listdir(copy_from):
-            source = os.path.join(copy_from, name)
-            if (
-                os.path.isfile(source)
-                and not name.endswith(_WEIGHT_SUFFIXES)
-                and ("index" not in name)
-            ):
-                shutil.copy2(source, partial)  # config, tokenizer, generation config
-    _write_json(
-        os.path.join(partial, MARKER), {"format": FORMAT_VERSION, "dtype": jnp.dtype(dtype).name}
-    )
-    os.rename(partial, out_dir)
+    with whole_folder(os.path.abspath(out_dir)) as partial:
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(os.path.join(partial, PARAMS_DIR), nnx.to_pure_dict(params))
+        checkpointer.wait_until_finished()
+        if copy_from is None:
+            _write_json(os.path.join(partial, "config.json"), {**cfg.to_dict(), **_HF_TYPE})
+        else:
+            for name in os.listdir(copy_from):
+                source = os.path.join(copy_from, name)
+                if (
+                    os.path.isfile(source)
+                    and not name.endswith(_WEIGHT_SUFFIXES)
+                    and ("index" not in name)
+                ):
+                    shutil.copy2(source, partial)  # config, tokenizer, generation config
+        marker = {"format": FORMAT_VERSION, "dtype": jnp.dtype(dtype).name}
+        _write_json(os.path.join(partial, MARKER), marker)
     return sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
 
 

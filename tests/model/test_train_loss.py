@@ -6,6 +6,7 @@ what transformers and flipjax both load."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -141,3 +142,19 @@ def test_a_config_without_mtp_layers_has_no_head():
     assert cfg.mtp_num_hidden_layers == 0
     with pytest.raises(ValueError, match="mtp_num_hidden_layers"):
         Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0), mtp=True)
+
+
+def test_an_export_that_fails_leaves_no_folder_and_one_never_overwrites(exported, tmp_path):
+    model, folder, _ = exported
+    params = nnx.split(model, nnx.Param)[1]
+
+    def broken(partial: str) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_checkpoint(str(tmp_path / "out"), params, model.cfg, broken)
+    assert sorted(os.listdir(tmp_path)) == []
+    before = os.path.getmtime(os.path.join(folder, "model.safetensors"))
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_checkpoint(folder, params, model.cfg)
+    assert os.path.getmtime(os.path.join(folder, "model.safetensors")) == before
