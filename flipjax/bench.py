@@ -10,7 +10,8 @@ processes against one, and the plan broadcast's cost), `gpu` (the Pallas kernels
 XLA references on an accelerator: kernel checks, decode, a long prefill, a flip), `matmul`
 (the native small-batch matmul against XLA's dot, per weight shape and row count), `memory`
 (each layout's per-device ledger and KV capacity under unequal budgets, and flip peaks), `quant`
-(int8 weights against the unquantized checkpoint: logits, greedy agreement, decode speed). Each
+(int8 weights against the unquantized checkpoint: logits, greedy agreement, decode speed),
+`train` (a training step against transformers with torch's AdamW, and the matmul bound). Each
 reports ratios, since a single absolute time on a shared machine means little.
 """
 
@@ -31,6 +32,7 @@ BENCHMARKS = (
     "matmul",
     "memory",
     "quant",
+    "train",
 )
 
 
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.ledger import main as run
     elif argv[0] == "quant":
         from flipjax.benchmarks.quant import main as run
+    elif argv[0] == "train":
+        from flipjax.benchmarks.train import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])
