@@ -80,9 +80,12 @@ _terminal: list[int] = []  # a copy of stderr made before pytest captures it
 _DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
 
 
-# With FLIPJAX_TEST_DURATIONS=<file>, each worker appends `<file> <seconds>` per test phase, and
-# `make test-durations` sums them into `durations.json`.
+# With FLIPJAX_TEST_DURATIONS=<file>, the controlling process (which xdist's workers send every
+# report to) appends `<file> <seconds>` per test phase; `make test-durations` sums them into
+# `durations.json`.
 _DURATIONS_LOG = os.environ.get("FLIPJAX_TEST_DURATIONS")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    _DURATIONS_LOG = None  # the controller logs the same report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

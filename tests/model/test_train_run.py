@@ -23,7 +23,16 @@ from flipjax.train.optimizer import OptimizerConfig, make_optimizer
 from flipjax.train.step import Trainer, data_mesh
 from tests.support.hf_oracle import BASE
 
-SMALL = {**BASE, "model_type": "qwen3_next", "vocab_size": 512, "mtp_num_hidden_layers": 1}
+# Two layers, one of each kind: compiling the forward and backward is most of these tests' time.
+SMALL = {
+    **BASE,
+    "model_type": "qwen3_next",
+    "vocab_size": 512,
+    "num_hidden_layers": 2,
+    "layer_types": ["linear_attention", "full_attention"],
+    "mlp_only_layers": [0, 1],
+    "mtp_num_hidden_layers": 1,
+}
 FLAGS = ["--vocab-size", "512", "--seq-len", "32", "--batch-size", "8", "--no-progress"]
 
 
