@@ -34,6 +34,13 @@ KV_CACHE_DTYPES = {
 }
 
 
+def interleaved_layer_types(layers: int, interval: int = 4) -> tuple[str, ...]:
+    """Qwen3-Next's pattern: layer i is full attention when (i + 1) % interval == 0."""
+    return tuple(
+        FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)
+    )
+
+
 def check_quantization(method: str | None) -> None:
     if method is not None and method not in QUANTIZATIONS:
         raise ValueError(
@@ -143,9 +150,7 @@ def _fields_from_hf(raw: dict[str, Any]) -> dict[str, Any]:
         interval = int(raw.get("full_attention_interval", 4))
         if interval <= 0:
             raise ValueError(f"full_attention_interval: must be positive, got {interval}")
-        layer_types = [
-            FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(n_layers)
-        ]
+        layer_types = interleaved_layer_types(n_layers, interval)
 
     rope_theta, partial = _rope_fields(raw)
     head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from flipjax.model.config import ModelConfig, interleaved_layer_types
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import ByteTokenizer
 
@@ -29,9 +29,7 @@ def tiny_config() -> ModelConfig:
         vocab_size=320,  # 256 bytes + specials, padded to a multiple of 64
         hidden_size=256,
         num_hidden_layers=n_layers,
-        layer_types=tuple(
-            FULL_ATTENTION if (i + 1) % 4 == 0 else LINEAR_ATTENTION for i in range(n_layers)
-        ),
+        layer_types=interleaved_layer_types(n_layers),
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=64,

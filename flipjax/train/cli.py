@@ -80,9 +80,15 @@ def _run(args: argparse.Namespace) -> int:
             f"--devices {count}: must be 1..{len(devices)} and divide --batch-size "
             f"{values['batch_size']}"
         )
-    for name in ("seq_len", "eval_every", "save_every", "eval_sequences"):
-        if values[name] < 1 + (name == "seq_len") * 2:
-            raise ValueError(f"--{name.replace('_', '-')}: {values[name]} is too small")
+    # The MTP loss needs tokens t, t+1 and t+2 in a sequence.
+    for name, least in (
+        ("seq_len", 3),
+        ("eval_every", 1),
+        ("save_every", 1),
+        ("eval_sequences", 1),
+    ):
+        if values[name] < least:
+            raise ValueError(f"--{name.replace('_', '-')}: {values[name]} is below {least}")
     prepared = setup.prepare(out, values)
     batches = Batches(
         prepared.train_stream, values["seq_len"], values["batch_size"], values["seed"]

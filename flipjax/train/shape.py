@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from flipjax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
+from flipjax.model.config import ModelConfig, interleaved_layer_types
 
 DEFAULT_LAYERS = 8
 
@@ -17,9 +17,7 @@ def default_config(vocab_size: int, eos_token_id: int) -> ModelConfig:
         vocab_size=vocab_size,
         hidden_size=256,
         num_hidden_layers=DEFAULT_LAYERS,
-        layer_types=tuple(
-            FULL_ATTENTION if (i + 1) % 4 == 0 else LINEAR_ATTENTION for i in range(DEFAULT_LAYERS)
-        ),
+        layer_types=interleaved_layer_types(DEFAULT_LAYERS),
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=64,
