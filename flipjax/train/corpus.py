@@ -40,10 +40,6 @@ class Corpus:
     held_out: tuple[Document, ...]
     skipped: tuple[str, ...]  # standard-library files that are not UTF-8 text
 
-    @property
-    def train_bytes(self) -> int:
-        return sum(len(d.text.encode()) for d in self.train)
-
 
 def load(specs: Iterable[str] = (STDLIB,)) -> Corpus:
     """Documents from each spec: `stdlib`, a file, a folder (its files, recursively), a glob,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sysconfig
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +18,7 @@ from safetensors.numpy import load_file
 from flipjax.model.config import ModelConfig
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.train import cli
+from flipjax.train.corpus import stdlib_root
 from flipjax.train.optimizer import OptimizerConfig, make_optimizer
 from flipjax.train.step import Trainer, data_mesh
 from tests.support.hf_oracle import BASE
@@ -41,7 +41,7 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     """A JSONL corpus of 60 records cut from three standard-library modules, and the small
     model's config."""
     folder = tmp_path_factory.mktemp("inputs")
-    stdlib = sysconfig.get_paths()["stdlib"]
+    stdlib = stdlib_root()
     text = "".join(open(os.path.join(stdlib, m)).read() for m in ("textwrap.py", "shlex.py"))
     lines = text.splitlines(keepends=True)
     records = ["".join(lines[i::60]) for i in range(60)]
