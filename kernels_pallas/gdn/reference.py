@@ -85,6 +85,24 @@ def delta_rule_recurrent(
     return jnp.moveaxis(out, 0, 1), state  # [B, T, H, dv]
 
 
+def unit_lower_inverse(strict: jax.Array) -> jax.Array:
+    """(I + L)^-1 for strictly lower-triangular L [..., C, C], by matrix products only.
+
+    L is nilpotent (L^C = 0), so (I + L)^-1 = sum_{j<C} (-L)^j, which is the product of the
+    ceil(log2 C) factors I + (-L)^(2^i). Not `lax.linalg.triangular_solve`: on the CPU its
+    batched LAPACK kernel fans out into XLA's intra-op thread pool from a thread of that pool
+    and waits, so two solves running at once on a two-thread pool wait for each other forever
+    (a training step stalled at 0% CPU that way). Products also differentiate as products.
+    """
+    c = strict.shape[-1]
+    power = -strict
+    inverse = jnp.eye(c, dtype=strict.dtype) + power
+    for _ in range(1, (c - 1).bit_length()):
+        power = jnp.matmul(power, power, precision=_HI)
+        inverse = inverse + jnp.matmul(inverse, power, precision=_HI)
+    return inverse
+
+
 def delta_rule_chunked(
     q: jax.Array,
     k: jax.Array,
@@ -124,9 +142,8 @@ def delta_rule_chunked(
     mm = dict(precision=_HI)
     ut = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k, **mm) * decay
     rhs = jnp.concatenate([v_beta, k_beta * jnp.exp(cum)[..., None]], axis=-1)
-    solved = jax.lax.linalg.triangular_solve(
-        ut, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
+    strict = jnp.where(jnp.tril(causal, -1), ut, 0.0)
+    solved = jnp.einsum("bhnij,bhnjd->bhnid", unit_lower_inverse(strict), rhs, **mm)
     new_values, k_cumdecay = solved[..., :dv], solved[..., dv:]
     intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k, **mm) * decay
     q_decayed = q * jnp.exp(cum)[..., None]
