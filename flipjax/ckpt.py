@@ -1,6 +1,7 @@
 """`python -m flipjax.ckpt`: orbax checkpoint tools.
 
     convert HF_DIR OUT_DIR [--dtype bfloat16]   HF safetensors to an orbax checkpoint
+    cast HF_DIR OUT_DIR --dtype bfloat16        a HF folder with its weights in another dtype
     inspect OUT_DIR                             tree, shapes, dtypes and bytes
     restore OUT_DIR --layout L [cluster flags]  restore into a layout, each process reading
                                                 only its shards; says what each one holds
@@ -21,6 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("hf_dir")
     convert.add_argument("out_dir")
     convert.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    cast = commands.add_parser("cast", help="HF folder to a HF folder of another dtype")
+    cast.add_argument("hf_dir")
+    cast.add_argument("out_dir")
+    cast.add_argument("--dtype", required=True, choices=("bfloat16", "float32"))
     inspect = commands.add_parser("inspect", help="list a converted checkpoint")
     inspect.add_argument("out_dir")
     restore = commands.add_parser("restore", help="restore into a layout (one or many processes)")
@@ -39,6 +44,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "convert":
         written = orbax_ckpt.convert(args.hf_dir, args.out_dir, parse_dtype(args.dtype))
         print(f"wrote {args.out_dir}: {written / 2**20:.1f} MiB of {args.dtype} parameters")
+        return
+    if args.command == "cast":
+        from flipjax.model.hf_cast import cast
+
+        try:
+            written = cast(args.hf_dir, args.out_dir, parse_dtype(args.dtype))
+        except (ValueError, OSError) as e:  # WeightsError is a ValueError
+            raise SystemExit(f"python -m flipjax.ckpt cast: error: {e}") from e
+        print(f"wrote {args.out_dir}: {written / 2**20:.1f} MiB of {args.dtype} tensors")
         return
     rows = orbax_ckpt.inspect(args.out_dir)
     width = max(len(name) for name, *_ in rows)

@@ -21,7 +21,7 @@ from flipjax.train import corpus
 ORDER = 4
 
 
-def _bytes(docs: Sequence[corpus.Document]) -> np.ndarray:
+def bytes_of(docs: Sequence[corpus.Document]) -> np.ndarray:
     return np.frombuffer(b"\n".join(d.text.encode() for d in docs), np.uint8).astype(np.int64)
 
 
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--order", type=int, default=ORDER)
     args = parser.parse_args(argv)
     texts = corpus.load(args.data or [corpus.STDLIB])
-    model = ByteNgram(_bytes(texts.train), args.order)
-    held_out = _bytes(texts.held_out)
+    model = ByteNgram(bytes_of(texts.train), args.order)
+    held_out = bytes_of(texts.held_out)
     print(
         f"order-{args.order} byte n-gram (Witten-Bell): {model.bits_per_byte(held_out):.4f} "
         f"bits/byte on {len(held_out):,} held-out bytes",

@@ -1,0 +1,161 @@
+"""`python -m flipjax.train.report MODEL`: what a trained checkpoint folder is worth, on the
+held-out split of its corpus (`python -m flipjax.train`'s split, the standard library's test
+folders by default):
+
+- held-out loss and bits per byte, beside the order-4 byte n-gram baseline (`ngram`) fitted on
+  the training documents and scored on the very bytes the model was scored on;
+- how often the MTP head's greedy t+2 equals the model's own greedy t+2;
+- of held-out function signatures, how many have a greedy completion (through the serving
+  engine) whose body parses with `ast.parse`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from flipjax.train import corpus
+
+SIGNATURES = 20
+COMPLETION_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Signature:
+    source: str  # `path:line` of the `def`
+    text: str  # the header, dedented to column 0, ending in a newline
+
+
+def held_out_signatures(docs: Sequence[corpus.Document], count: int) -> list[Signature]:
+    """`count` function headers spread evenly over every one the documents define (in document
+    and line order); a header on one line with its body is left out."""
+    found: list[Signature] = []
+    for doc in docs:
+        try:
+            tree = ast.parse(doc.text)
+        except (SyntaxError, ValueError):
+            continue
+        lines = doc.text.splitlines(keepends=True)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            first_body = node.body[0].lineno
+            if first_body <= node.lineno:
+                continue
+            header = textwrap.dedent("".join(lines[node.lineno - 1 : first_body - 1]))
+            if header.rstrip().endswith(":"):
+                found.append(Signature(f"{doc.source}:{node.lineno}", header.rstrip() + "\n"))
+    found.sort(key=lambda s: (s.source.rsplit(":", 1)[0], int(s.source.rsplit(":", 1)[1])))
+    if len(found) < count:
+        raise ValueError(f"held-out text: {len(found)} function headers, fewer than {count}")
+    return [found[(i * len(found)) // count] for i in range(count)]
+
+
+def completed_body(completion: str, finished: bool) -> str:
+    """The function body a completion writes: its lines up to the first one back at column 0,
+    less a last line cut off by the token limit (`finished` False)."""
+    lines = completion.split("\n")
+    if not finished:
+        lines = lines[:-1]
+    body: list[str] = []
+    for line in lines:
+        if line.strip() and not line[0].isspace():
+            break
+        body.append(line)
+    return "\n".join(body).rstrip() + "\n"
+
+
+def parses(signature: Signature, completion: str, finished: bool) -> bool:
+    body = completed_body(completion, finished)
+    if not body.strip():
+        return False
+    try:
+        ast.parse(signature.text + body)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m flipjax.train.report", description=__doc__)
+    parser.add_argument("model", help="a checkpoint folder written by python -m flipjax.train")
+    parser.add_argument("--data", action="append", help="as `python -m flipjax.train --data`")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--sequences", type=int, default=512, help="held-out sequences scored")
+    parser.add_argument("--signatures", type=int, default=SIGNATURES)
+    args = parser.parse_args(argv)
+    texts = corpus.load(args.data or [corpus.STDLIB])
+    scores = _scores(args.model, texts, args.seq_len, args.sequences)
+    for line in scores:
+        print(line)
+    signatures = held_out_signatures(texts.held_out, args.signatures)
+    ok = _parsing_completions(args.model, signatures)
+    print(
+        f"greedy completions of {len(signatures)} held-out function signatures whose body "
+        f"parses: {sum(ok)} ({sum(ok) / len(signatures):.0%})"
+    )
+    for signature, good in zip(signatures, ok, strict=True):
+        print(f"  {'parses' if good else 'fails '}  {signature.source}", file=sys.stderr)
+
+
+def _scores(model: str, texts: corpus.Corpus, seq_len: int, count: int) -> list[str]:
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+    from tokenizers import Tokenizer
+
+    from flipjax.model.config import ModelConfig
+    from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+    from flipjax.train import bpe, ngram
+    from flipjax.train.batches import eval_sequences, token_stream
+    from flipjax.train.loop import evaluate
+    from flipjax.train.setup import TOKENIZER_FILE, load_into
+    from flipjax.train.step import Trainer, data_mesh
+
+    tokenizer = Tokenizer.from_file(f"{model}/{TOKENIZER_FILE}")
+    eos = bpe.eos_id(tokenizer)
+    sequences = eval_sequences(token_stream(tokenizer, texts.held_out, eos), seq_len, count)
+    cfg = ModelConfig.from_hf(model)
+    net = Qwen3NextForCausalLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0), mtp=True)
+    load_into(net, model, cfg)
+    graphdef, params = nnx.split(net, nnx.Param)
+    trainer = Trainer(graphdef, optax.identity(), data_mesh(jax.devices()[:1]), 0.0)
+    batch = min(16, len(sequences))
+    scored = evaluate(
+        trainer, trainer.place(params), sequences, np.asarray(bpe.token_byte_lengths(tokenizer)),
+        batch,
+    )
+    used = sequences[: (len(sequences) // batch) * batch]
+    text = b"\n".join(tokenizer.decode(row.tolist()).encode() for row in used)
+    baseline = ngram.ByteNgram(ngram.bytes_of(texts.train)).bits_per_byte(
+        np.frombuffer(text, np.uint8).astype(np.int64)
+    )
+    return [
+        f"held-out: {len(used)} sequences of {seq_len} tokens ({len(text):,} bytes)",
+        f"  loss {scored.loss:.4f} nats/token, {scored.bits_per_byte:.4f} bits/byte "
+        f"(order-{ngram.ORDER} byte n-gram on the same bytes: {baseline:.4f} bits/byte)",
+        f"  MTP head: loss {scored.mtp_loss:.4f}, its greedy t+2 equals the model's on "
+        f"{scored.mtp_agreement:.1%} of positions",
+    ]
+
+
+def _parsing_completions(model: str, signatures: Sequence[Signature]) -> list[bool]:
+    from flipjax.engine.engine import Engine
+
+    engine = Engine.from_pretrained(model, dtype="float32")
+    outputs = engine.generate([s.text for s in signatures], max_new_tokens=COMPLETION_TOKENS)
+    return [
+        parses(s, out.text, out.finish_reason == "stop")
+        for s, out in zip(signatures, outputs, strict=True)
+    ]
+
+
+if __name__ == "__main__":
+    main()
