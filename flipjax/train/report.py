@@ -129,7 +129,10 @@ def _scores(model: str, texts: corpus.Corpus, seq_len: int, count: int) -> list[
     trainer = Trainer(graphdef, optax.identity(), data_mesh(jax.devices()[:1]), 0.0)
     batch = min(16, len(sequences))
     scored = evaluate(
-        trainer, trainer.place(params), sequences, np.asarray(bpe.token_byte_lengths(tokenizer)),
+        trainer,
+        trainer.place(params),
+        sequences,
+        np.asarray(bpe.token_byte_lengths(tokenizer)),
         batch,
     )
     used = sequences[: (len(sequences) // batch) * batch]
