@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
-import sys
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,13 +29,16 @@ COMPLETION_TOKENS = 128
 @dataclass(frozen=True)
 class Signature:
     source: str  # `path:line` of the `def`
-    text: str  # the header, dedented to column 0, ending in a newline
+    # The header, dedented to column 0, ending at its colon: the newline and the body's indent
+    # are the model's to write (a byte-level BPE merges them into one token, so a prompt that
+    # ends in a bare newline is one the model has seldom seen followed by an indented line).
+    text: str
 
 
 def held_out_signatures(docs: Sequence[corpus.Document], count: int) -> list[Signature]:
     """`count` function headers spread evenly over every one the documents define (in document
     and line order); a header on one line with its body is left out."""
-    found: list[Signature] = []
+    found: list[tuple[str, int, str]] = []
     for doc in docs:
         try:
             tree = ast.parse(doc.text)
@@ -48,35 +51,39 @@ def held_out_signatures(docs: Sequence[corpus.Document], count: int) -> list[Sig
             first_body = node.body[0].lineno
             if first_body <= node.lineno:
                 continue
-            header = textwrap.dedent("".join(lines[node.lineno - 1 : first_body - 1]))
-            if header.rstrip().endswith(":"):
-                found.append(Signature(f"{doc.source}:{node.lineno}", header.rstrip() + "\n"))
-    found.sort(key=lambda s: (s.source.rsplit(":", 1)[0], int(s.source.rsplit(":", 1)[1])))
+            header = textwrap.dedent("".join(lines[node.lineno - 1 : first_body - 1])).rstrip()
+            if header.endswith(":"):
+                found.append((doc.source, node.lineno, header))
+    found.sort(key=lambda f: f[:2])
     if len(found) < count:
         raise ValueError(f"held-out text: {len(found)} function headers, fewer than {count}")
-    return [found[(i * len(found)) // count] for i in range(count)]
+    chosen = [found[(i * len(found)) // count] for i in range(count)]
+    return [Signature(f"{source}:{line}", header) for source, line, header in chosen]
 
 
-def completed_body(completion: str, finished: bool) -> str:
-    """The function body a completion writes: its lines up to the first one back at column 0,
-    less a last line cut off by the token limit (`finished` False)."""
-    lines = completion.split("\n")
+def function_source(signature: Signature, completion: str, finished: bool) -> tuple[str, str]:
+    """(header, body) of the function a completion writes: the header line as completed, then
+    the lines up to the first one back at column 0, less a last line cut off by the token limit
+    (`finished` False)."""
+    header_lines = signature.text.count("\n") + 1
+    lines = (signature.text + completion).split("\n")
     if not finished:
         lines = lines[:-1]
     body: list[str] = []
-    for line in lines:
+    for line in lines[header_lines:]:
         if line.strip() and not line[0].isspace():
             break
         body.append(line)
-    return "\n".join(body).rstrip() + "\n"
+    return "\n".join(lines[:header_lines]), "\n".join(body).rstrip()
 
 
 def parses(signature: Signature, completion: str, finished: bool) -> bool:
-    body = completed_body(completion, finished)
+    """Whether the completion gives the header an indented body that `ast.parse` accepts."""
+    header, body = function_source(signature, completion, finished)
     if not body.strip():
         return False
     try:
-        ast.parse(signature.text + body)
+        ast.parse(header + "\n" + body + "\n")
     except (SyntaxError, ValueError):
         return False
     return True
@@ -100,8 +107,10 @@ def main(argv: list[str] | None = None) -> None:
         f"greedy completions of {len(signatures)} held-out function signatures whose body "
         f"parses: {sum(ok)} ({sum(ok) / len(signatures):.0%})"
     )
+    root = corpus.stdlib_root() + os.sep
     for signature, good in zip(signatures, ok, strict=True):
-        print(f"  {'parses' if good else 'fails '}  {signature.source}", file=sys.stderr)
+        where = signature.source.removeprefix(root)
+        print(f"  {'parses' if good else 'fails '}  {where}: {signature.text.splitlines()[0]}")
 
 
 def _scores(model: str, texts: corpus.Corpus, seq_len: int, count: int) -> list[str]:
