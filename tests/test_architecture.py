@@ -2,8 +2,9 @@
 
 import-linter (`lint-imports`, run by `make test`) checks the layers, the independence of
 `sharding` and `store`, and that nothing imports in a cycle. These tests check the rest: no file
-over 300 lines, no project import hidden inside a function outside the entry points, and no
-change of page or slot ownership outside the one allocator.
+over 300 lines, no project import hidden inside a function outside the entry points, no
+change of page or slot ownership outside the one allocator, and no linear algebra that blocks
+XLA:CPU's thread pool.
 """
 
 from __future__ import annotations
@@ -221,3 +222,32 @@ def test_tests_sit_by_layer_and_import_only_support():
             if parts[0].startswith("test_") or (parts[0] == "tests" and parts[1:2] != ["support"]):
                 crossing.append(f"{p.relative_to(ROOT)}:{line} imports {name}")
     assert not crossing, "\n".join(crossing)
+
+
+# XLA:CPU runs these as library calls (LAPACK, ducc's FFT) that fan out into the intra-op pool
+# from a thread of that pool and wait there: two at once on a two-core machine wait forever.
+POOL_BLOCKING = {"triangular_solve", "solve_triangular", "solve", "cholesky", "eigh", "eig"}
+POOL_BLOCKING |= {"svd", "qr", "lu", "lu_factor", "inv", "det", "slogdet", "lstsq", "pinv"}
+
+
+def dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def test_no_program_calls_linear_algebra_that_blocks_xla_s_thread_pool():
+    found = []
+    for p in sources():
+        for node in ast.walk(ast.parse(p.read_text())):
+            name = dotted(node) if isinstance(node, ast.Attribute) else ""
+            parts = name.split(".")
+            if parts[0] not in ("jax", "jnp", "lax") or len(parts) < 3:
+                continue
+            if (parts[-2] == "linalg" and parts[-1] in POOL_BLOCKING) or parts[-2] == "fft":
+                found.append(f"{p.relative_to(ROOT)}:{node.lineno} {name}")
+    assert not found, "programs must not call these on the CPU:\n" + "\n".join(found)

@@ -18,9 +18,22 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from flax import nnx
+from tokenizers import Tokenizer
 
-from flipjax.train import corpus
+from flipjax.engine.engine import Engine
+from flipjax.model.config import ModelConfig
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.shipped import resolve
+from flipjax.train import bpe, corpus, ngram
+from flipjax.train.batches import eval_sequences, token_stream
+from flipjax.train.loop import evaluate
+from flipjax.train.setup import TOKENIZER_FILE, load_into
+from flipjax.train.step import Trainer, data_mesh
 
 SIGNATURES = 20
 COMPLETION_TOKENS = 128
@@ -91,18 +104,19 @@ def parses(signature: Signature, completion: str, finished: bool) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m flipjax.train.report", description=__doc__)
-    parser.add_argument("model", help="a checkpoint folder written by python -m flipjax.train")
+    parser.add_argument("model", help="a folder python -m flipjax.train wrote, or 'flipjax-py'")
     parser.add_argument("--data", action="append", help="as `python -m flipjax.train --data`")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--sequences", type=int, default=512, help="held-out sequences scored")
     parser.add_argument("--signatures", type=int, default=SIGNATURES)
     args = parser.parse_args(argv)
+    folder = resolve(args.model)
     texts = corpus.load(args.data or [corpus.STDLIB])
-    scores = _scores(args.model, texts, args.seq_len, args.sequences)
+    scores = _scores(folder, texts, args.seq_len, args.sequences)
     for line in scores:
         print(line)
     signatures = held_out_signatures(texts.held_out, args.signatures)
-    ok = _parsing_completions(args.model, signatures)
+    ok = _parsing_completions(folder, signatures)
     print(
         f"greedy completions of {len(signatures)} held-out function signatures whose body "
         f"parses: {sum(ok)} ({sum(ok) / len(signatures):.0%})"
@@ -114,20 +128,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _scores(model: str, texts: corpus.Corpus, seq_len: int, count: int) -> list[str]:
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from flax import nnx
-    from tokenizers import Tokenizer
-
-    from flipjax.model.config import ModelConfig
-    from flipjax.model.qwen3_next import Qwen3NextForCausalLM
-    from flipjax.train import bpe, ngram
-    from flipjax.train.batches import eval_sequences, token_stream
-    from flipjax.train.loop import evaluate
-    from flipjax.train.setup import TOKENIZER_FILE, load_into
-    from flipjax.train.step import Trainer, data_mesh
-
     tokenizer = Tokenizer.from_file(f"{model}/{TOKENIZER_FILE}")
     eos = bpe.eos_id(tokenizer)
     sequences = eval_sequences(token_stream(tokenizer, texts.held_out, eos), seq_len, count)
@@ -159,8 +159,6 @@ def _scores(model: str, texts: corpus.Corpus, seq_len: int, count: int) -> list[
 
 
 def _parsing_completions(model: str, signatures: Sequence[Signature]) -> list[bool]:
-    from flipjax.engine.engine import Engine
-
     engine = Engine.from_pretrained(model, dtype="float32")
     outputs = engine.generate([s.text for s in signatures], max_new_tokens=COMPLETION_TOKENS)
     return [
