@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
-MODEL ?= tiny
+MODEL ?= flipjax-py
+# More `python -m flipjax.serve` flags, e.g. SERVE_ARGS='--layout tp --max-running-requests 16'.
+SERVE_ARGS ?=
 PYTEST_ARGS ?=
 # The whole pytest run's bound: a run stuck past every per-test timeout still ends, and fails.
 TEST_RUN_LIMIT_S ?= 1800
@@ -44,7 +46,7 @@ cxx:
 	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y g++; }
 
 serve: $(VENV)/.installed cxx
-	$(PY) -m flipjax.serve --model $(MODEL) --host $(HOST) --port $(PORT)
+	$(PY) -m flipjax.serve --model $(MODEL) --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
 test: $(VENV)/.installed-test redis-server cxx
 	$(PY) -m ruff check .

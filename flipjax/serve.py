@@ -71,9 +71,11 @@ def main(argv: list[str] | None = None) -> None:
         log.info("armed layout %s", layout)
     log.info("%s", engine.memory().table())
     autopilot = _autopilot(config, engine, log)
+    from flipjax.model.shipped import resolve
     from serve.chat_template import load_template
 
-    template = load_template(None if config.model.model == "tiny" else config.model.model)
+    model = config.model.model
+    template = load_template(None if model == "tiny" else resolve(model))
     _log_pools(engine, log)
     if sc.served_model_name is None:  # responses name the model as it was given
         sc = dataclasses.replace(sc, served_model_name=(config.model.model,))
@@ -161,6 +163,7 @@ def _open_store(config: FlipjaxConfig, log: logging.Logger) -> tuple[Any, Any, A
     """The KV store behind the engine, keyed by the model's config, weights and KV dtype."""
     from flipjax.engine.assembly import page_dtype
     from flipjax.model.config import ModelConfig
+    from flipjax.model.shipped import resolve
     from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_config
     from flipjax.runtime.hybrid import default_interval
     from serve.store_control import StoreControl
@@ -171,7 +174,8 @@ def _open_store(config: FlipjaxConfig, log: logging.Logger) -> tuple[Any, Any, A
     if model == TINY_NAME:
         cfg, weights_id = tiny_config(), f"tiny-seed-{TINY_SEED}"
     else:
-        cfg, weights_id = ModelConfig.from_hf(model), files_fingerprint(model)
+        folder = resolve(model)
+        cfg, weights_id = ModelConfig.from_hf(folder), files_fingerprint(folder)
     if config.model.quantization is not None:
         # Weights quantized at load compute other KV than the files' own: another model.
         weights_id += f"+{config.model.quantization}"

@@ -31,7 +31,9 @@ class GridStore(Protocol):
 
 @dataclass(frozen=True)
 class ModelOptions:
-    model: str = option("tiny", "HF checkpoint folder, orbax folder, or 'tiny' (default)")
+    model: str = option(
+        "tiny", "HF checkpoint folder, orbax folder, 'flipjax-py' (shipped), or 'tiny' (default)"
+    )
     dtype: str = option("float32", "the weights' and activations' dtype", choices=DTYPE_NAMES)
     quantization: str | None = option(
         None,

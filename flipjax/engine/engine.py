@@ -70,8 +70,9 @@ class Engine(CheckpointAPI, MemoryAPI):
         **options: Any,
     ) -> Engine:
         """`path`: a HF checkpoint folder, an orbax folder (`python -m flipjax.ckpt convert`),
-        or "tiny" (`flipjax.engine.loader`). `options` set fields of `config` by name (`dtype`,
-        `layout`, `num_pages`, ...: every field of `FlipjaxConfig`'s concerns)."""
+        "flipjax-py" (`flipjax.model.shipped`) or "tiny" (`flipjax.engine.loader`). `options`
+        set fields of `config` by name (`dtype`, `layout`, `num_pages`, ...: every field of
+        `FlipjaxConfig`'s concerns)."""
         config = (config if config is not None else FlipjaxConfig()).replace(model=path, **options)
         facts = config.facts("model", "engine", "cache", "layout")
         multihost.agree({"weights": model_fingerprint(path), **facts})

@@ -19,6 +19,7 @@ from flipjax.model.dtypes import parse_dtype
 from flipjax.model.orbax_io import abstract_params, is_orbax, restore_params
 from flipjax.model.quantize import attach_scales, weight_quantizer
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
+from flipjax.model.shipped import resolve
 from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_model
 from flipjax.model.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from flipjax.model.weights import load_params
@@ -44,6 +45,7 @@ def load(
     dtype = parse_dtype(dtype)
     if path == TINY_NAME:
         return Loaded(tiny_model(dtype), ByteTokenizer(), TINY_NAME)
+    name, path = path, resolve(path)
     if not os.path.isdir(path):
         raise ValueError(f"model: {path!r} is neither a checkpoint folder nor {TINY_NAME!r}")
     cfg = ModelConfig.from_hf(path)
@@ -69,10 +71,12 @@ def load(
     attach_scales(model, scales, activations=stored is not None and stored.activations)
     attach_scales(model, quantized)
     tokenizer = load_tokenizer(path, cfg.eos_token_id)
-    return Loaded(model, tokenizer, os.path.basename(os.path.normpath(path)))
+    return Loaded(model, tokenizer, os.path.basename(os.path.normpath(name)))
 
 
 def model_fingerprint(path: str) -> str:
     """What identifies the weights `path` names, the same on every machine (the processes of a
     cluster must agree on it)."""
-    return f"{TINY_NAME}-seed-{TINY_SEED}" if path == TINY_NAME else files_fingerprint(path)
+    if path == TINY_NAME:
+        return f"{TINY_NAME}-seed-{TINY_SEED}"
+    return files_fingerprint(resolve(path))

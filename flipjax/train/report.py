@@ -36,7 +36,7 @@ from flipjax.train.setup import TOKENIZER_FILE, load_into
 from flipjax.train.step import Trainer, data_mesh
 
 SIGNATURES = 20
-COMPLETION_TOKENS = 128
+COMPLETION_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -74,29 +74,39 @@ def held_out_signatures(docs: Sequence[corpus.Document], count: int) -> list[Sig
     return [Signature(f"{source}:{line}", header) for source, line, header in chosen]
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
 def function_source(signature: Signature, completion: str, finished: bool) -> tuple[str, str]:
     """(header, body) of the function a completion writes: the header line as completed, then
-    the lines up to the first one back at column 0, less a last line cut off by the token limit
+    the block the body opens, up to the first line indented less than its first (the header is
+    shown at column 0, so a method's body may come at any depth: a model that knows `self`
+    writes it where the method's own would go), less a last line cut off by the token limit
     (`finished` False)."""
     header_lines = signature.text.count("\n") + 1
     lines = (signature.text + completion).split("\n")
     if not finished:
         lines = lines[:-1]
     body: list[str] = []
+    depth = None
     for line in lines[header_lines:]:
-        if line.strip() and not line[0].isspace():
-            break
+        if line.strip():
+            depth = _indent(line) if depth is None else depth
+            if depth == 0 or _indent(line) < depth:
+                break
         body.append(line)
     return "\n".join(lines[:header_lines]), "\n".join(body).rstrip()
 
 
 def parses(signature: Signature, completion: str, finished: bool) -> bool:
-    """Whether the completion gives the header an indented body that `ast.parse` accepts."""
+    """Whether the completion gives the header an indented body that `ast.parse` accepts (the
+    body re-indented one level under the header)."""
     header, body = function_source(signature, completion, finished)
     if not body.strip():
         return False
     try:
-        ast.parse(header + "\n" + body + "\n")
+        ast.parse(header + "\n" + textwrap.indent(textwrap.dedent(body), "    ") + "\n")
     except (SyntaxError, ValueError):
         return False
     return True
@@ -124,7 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     root = corpus.stdlib_root() + os.sep
     for signature, good in zip(signatures, ok, strict=True):
         where = signature.source.removeprefix(root)
-        print(f"  {'parses' if good else 'fails '}  {where}: {signature.text.splitlines()[0]}")
+        print(
+            f"  {'parses' if good else 'fails '}  {where}: {signature.text.splitlines()[0].strip()}"
+        )
 
 
 def _scores(model: str, texts: corpus.Corpus, seq_len: int, count: int) -> list[str]:

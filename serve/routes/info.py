@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
+from flipjax.model.shipped import DESCRIPTIONS as SHIPPED_DESCRIPTIONS
 from flipjax.model.tiny import TINY_DESCRIPTION, TINY_NAME
 from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer
 from serve.auth import State, require_api_key
@@ -69,6 +70,8 @@ async def models(state: State) -> dict[str, Any]:
         }
         if info.name == TINY_NAME:
             card["description"] = TINY_DESCRIPTION
+        elif info.name in SHIPPED_DESCRIPTIONS:
+            card["description"] = SHIPPED_DESCRIPTIONS[info.name]
         cards.append(card)
     return {"object": "list", "data": cards}
 

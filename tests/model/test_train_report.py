@@ -1,10 +1,8 @@
-"""The report's signature check: headers taken from held-out documents as written (methods
-dedented, decorators and one-line bodies left out), a completion's body cut where the function
-ends, and `ast.parse` the judge."""
+"""The report's signature check: headers taken from held-out documents (dedented, decorators
+and one-line bodies left out), a completion's body cut where its block ends, and `ast.parse`
+the judge."""
 
 from __future__ import annotations
-
-import ast
 
 import pytest
 
@@ -41,14 +39,13 @@ def test_headers_are_dedented_in_order_and_one_liners_are_left_out():
     assert found[1].text == "def method(\n    self, x\n):"
     assert found[2].text == "async def later(self):"
     for s in found:
-        with pytest.raises(SyntaxError):  # a header alone is not a function
-            ast.parse(s.text)
-        assert ast.parse(s.text + "\n    pass\n")
+        assert not parses(s, "", finished=True)  # a header alone is not a function
+        assert parses(s, "\n    pass\n", finished=True)
     with pytest.raises(ValueError, match="fewer than 5"):
         held_out_signatures(docs, 5)
 
 
-def test_the_body_ends_at_column_zero_and_a_cut_last_line_is_dropped():
+def test_the_body_ends_with_its_block_and_a_cut_last_line_is_dropped():
     sig = Signature("a.py:1", "def f(\n    a,\n):")
     completion = "  # comment\n    x = 1\n\n    return x\ndef next_one():\n    pass\n"
     header, body = function_source(sig, completion, finished=True)
@@ -56,6 +53,15 @@ def test_the_body_ends_at_column_zero_and_a_cut_last_line_is_dropped():
     assert body == "    x = 1\n\n    return x"
     assert function_source(sig, "\n    x = 1\n    return (x", finished=False)[1] == "    x = 1"
     assert function_source(sig, "\n    return (x", finished=True)[1] == "    return (x"
+    # A method's body where a class would hold it, ended by the next method.
+    method = Signature("a.py:2", "def m(self):")
+    completion = "\n        if x:\n            return 1\n\n    def n(self):\n        pass\n"
+    assert function_source(method, completion, finished=True)[1] == (
+        "        if x:\n            return 1"
+    )
+    assert parses(method, completion, finished=True)
+    assert not parses(method, "\n        if x:\n    return 1\n", finished=True)
+    assert not parses(method, "\n        x = 1\n          y = 2\n", finished=True)
 
 
 def test_parses_judges_the_header_and_body_together():
