@@ -9,13 +9,16 @@ unwinder, and the SIGSEGV handler of xgrammar's apache-tvm-ffi deadlocked on the
 Now a worker drops its programs between files when it nears the limit (below), a fault ends
 its process with a report (`flipjax.runtime.fault_handlers`), and every test is bounded.
 
-One persistent compilation cache serves the run: a folder the controlling process makes and
-removes, which the workers and every server or cluster process they start share, so a program
-compiled by one of them is loaded by the others. It caches every program, however quick to
-compile (the suite measured 504 s against 610 s with a 0.5 s floor, back to back on one
-machine), and has no size bound, under which jax would take a file lock and rescan the folder
-on each write (that cost 35%). `test_compile_counter.py` checks the cache's accounting in a
-process of its own.
+One persistent compilation cache serves the run, and the runs after it on the same machine:
+the controlling process chooses the folder, and the workers and every server or cluster
+process they start share it, so a program compiled by one of them is loaded by the others, and
+a program no change touched is loaded, not compiled, by the next run (jax keys each entry by
+the program, the jax and XLA versions, the flags and the devices). It caches every program,
+however quick to compile (the suite measured 504 s against 610 s with a 0.5 s floor, back to
+back on one machine), and has no size bound, under which jax would take a file lock and rescan
+the folder on each write (that cost 35%); the kept folder is emptied past `_KEPT_CACHE_LIMIT`
+instead. `FLIPJAX_TEST_XLA_CACHE=run` compiles everything anew in a folder of the run's own.
+`test_compile_counter.py` checks the cache's accounting in a process of its own.
 """
 
 import atexit
@@ -50,9 +53,30 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # kernel and checks the same programs. test_matmul_calibration.py checks the measuring.
 os.environ.setdefault("FLIPJAX_NATIVE_MATMUL_ROWS", "float32=2-32,bfloat16=1-8")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Past this size the kept cache is emptied before a run (jax's own bound costs 35%, above).
+_KEPT_CACHE_LIMIT = 8 << 30
+
+
+def _kept_cache() -> str:
+    """The machine's cache folder kept from run to run (FLIPJAX_TEST_XLA_CACHE names another;
+    `run` asks for a fresh one this run removes: every program compiled anew)."""
+    chosen = os.environ.get("FLIPJAX_TEST_XLA_CACHE")
+    if chosen == "run":
+        folder = tempfile.mkdtemp(prefix="flipjax-test-xla-cache-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        return folder
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = chosen or os.path.join(base, "flipjax", "test-xla-cache")
+    os.makedirs(folder, exist_ok=True)
+    held = sum(e.stat().st_size for e in os.scandir(folder) if e.is_file())
+    if held > _KEPT_CACHE_LIMIT:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+    return folder
+
+
 if os.environ.get("FLIPJAX_TEST_XLA_CACHE_OWNER") is None:
-    _cache = tempfile.mkdtemp(prefix="flipjax-test-xla-cache-")
-    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    _cache = _kept_cache()
     os.environ["FLIPJAX_TEST_XLA_CACHE_OWNER"] = str(os.getpid())
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
