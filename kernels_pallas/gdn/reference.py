@@ -88,19 +88,34 @@ def delta_rule_recurrent(
 def unit_lower_inverse(strict: jax.Array) -> jax.Array:
     """(I + L)^-1 for strictly lower-triangular L [..., C, C], by matrix products only.
 
-    L is nilpotent (L^C = 0), so (I + L)^-1 = sum_{j<C} (-L)^j, which is the product of the
-    ceil(log2 C) factors I + (-L)^(2^i). Not `lax.linalg.triangular_solve`: on the CPU its
-    batched LAPACK kernel fans out into XLA's intra-op thread pool from a thread of that pool
-    and waits, so two solves running at once on a two-thread pool wait for each other forever
-    (a training step stalled at 0% CPU that way). Products also differentiate as products.
+    Blockwise, as LAPACK's own triangular inverse is: diagonal blocks of size 1, 2, 4, ... are
+    joined in pairs, the inverse of [[A, 0], [M, B]] being [[A', 0], [-B' M A', B']] with A', B'
+    the blocks' inverses. Every level is batched matmuls, about one C x C product in all, and
+    as accurate as substitution (a power series of L is not: its powers grow where the rule
+    has no decay). Not `lax.linalg.triangular_solve`: on the CPU its batched LAPACK kernel
+    fans out into XLA's intra-op thread pool from a thread of that pool and waits, so two
+    solves running at once on a two-thread pool wait for each other forever (a training step
+    stalled at 0% CPU that way).
     """
     c = strict.shape[-1]
-    power = -strict
-    inverse = jnp.eye(c, dtype=strict.dtype) + power
-    for _ in range(1, (c - 1).bit_length()):
-        power = jnp.matmul(power, power, precision=_HI)
-        inverse = inverse + jnp.matmul(inverse, power, precision=_HI)
-    return inverse
+    size = 1 << max(c - 1, 0).bit_length()
+    batch = strict.shape[:-2]
+    pad = [(0, 0)] * len(batch) + [(0, size - c), (0, size - c)]
+    lower = jnp.pad(strict, pad)
+    blocks = jnp.ones((*batch, size, 1, 1), strict.dtype)  # the diagonal blocks' inverses
+    b = 1
+    while b < size:
+        pairs = size // (2 * b)
+        # The lower-left block under each pair of diagonal blocks: [..., pairs, b, b].
+        grid = lower.reshape(*batch, pairs, 2, b, pairs, 2, b)
+        below = jnp.moveaxis(jnp.diagonal(grid, axis1=-6, axis2=-3), -1, -5)[..., 1, :, 0, :]
+        first, second = blocks[..., 0::2, :, :], blocks[..., 1::2, :, :]
+        joined = -jnp.matmul(jnp.matmul(second, below, precision=_HI), first, precision=_HI)
+        top = jnp.concatenate([first, jnp.zeros_like(first)], axis=-1)
+        bottom = jnp.concatenate([joined, second], axis=-1)
+        blocks = jnp.concatenate([top, bottom], axis=-2)
+        b *= 2
+    return blocks[..., 0, :c, :c]
 
 
 def delta_rule_chunked(

@@ -111,3 +111,14 @@ def test_chunked_gradient_equals_the_recurrent_gradient():
     recurrent = jax.grad(recurrent_loss, argnums=argnums)(*args, valid)
     for got, want in zip(chunked, recurrent, strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("c", [1, 2, 16, 64])
+def test_the_chunk_block_inverse_equals_numpy_s_without_decay(c):
+    """No decay and beta = 1: the block's powers do not shrink (a power series of it loses
+    precision, a truncated one is wrong); normalised keys keep the inverse's entries moderate."""
+    k = np.asarray(gdn.l2norm(jax.random.normal(jax.random.PRNGKey(c), (3, c, 8))))
+    strict = np.tril(k @ np.swapaxes(k, -1, -2), -1)
+    want = np.linalg.inv(np.eye(c) + strict.astype(np.float64))
+    got = np.asarray(gdn.unit_lower_inverse(jnp.asarray(strict, jnp.float32)))
+    np.testing.assert_allclose(got, want, atol=1e-5 * max(1.0, np.abs(want).max()), rtol=1e-5)
