@@ -162,20 +162,17 @@ def _autopilot(config: FlipjaxConfig, engine: Any, log: logging.Logger) -> Any:
 def _open_store(config: FlipjaxConfig, log: logging.Logger) -> tuple[Any, Any, Any]:
     """The KV store behind the engine, keyed by the model's config, weights and KV dtype."""
     from flipjax.engine.assembly import page_dtype
+    from flipjax.engine.loader import model_fingerprint
     from flipjax.model.config import ModelConfig
     from flipjax.model.shipped import resolve
-    from flipjax.model.tiny import TINY_NAME, TINY_SEED, tiny_config
+    from flipjax.model.tiny import TINY_NAME, tiny_config
     from flipjax.runtime.hybrid import default_interval
     from serve.store_control import StoreControl
-    from store.keys import files_fingerprint
     from store.open import disk_folder, open_checkpoints, open_store
 
     model, st = config.model.model, config.store
-    if model == TINY_NAME:
-        cfg, weights_id = tiny_config(), f"tiny-seed-{TINY_SEED}"
-    else:
-        folder = resolve(model)
-        cfg, weights_id = ModelConfig.from_hf(folder), files_fingerprint(folder)
+    cfg = tiny_config() if model == TINY_NAME else ModelConfig.from_hf(resolve(model))
+    weights_id = model_fingerprint(model)  # what the engine's cluster agrees on, too
     if config.model.quantization is not None:
         # Weights quantized at load compute other KV than the files' own: another model.
         weights_id += f"+{config.model.quantization}"
