@@ -10,6 +10,7 @@ from typing import Any
 
 from flipjax.config.engine import CacheConfig, EngineConfig, LayoutConfig, ModelOptions
 from flipjax.config.option import option
+from flipjax.config.speculative import SpeculativeConfig
 from flipjax.runtime.hybrid import check_interval
 
 # vLLM has none; 16 MiB holds any prompt the context fits.
@@ -137,6 +138,7 @@ class FlipjaxConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     layout: LayoutConfig = field(default_factory=LayoutConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
@@ -144,6 +146,20 @@ class FlipjaxConfig:
     def __post_init__(self) -> None:
         if self.cache.gdn_checkpoint_interval is not None:
             check_interval(self.cache.gdn_checkpoint_interval, self.engine.page_size)
+        if self.speculative.draft_tokens and self.engine.kv_cache_dtype != "auto":
+            # A rejected draft's K/V can grow an 8-bit page's scale, which re-rounds the
+            # accepted tokens beside it: the tokens would differ from decoding without drafts.
+            raise ValueError(
+                f"speculative_algorithm: needs the model's KV dtype; --kv-cache-dtype "
+                f"{self.engine.kv_cache_dtype} is refused with it"
+            )
+
+    @property
+    def num_slots(self) -> int:
+        """GDN slots in the pool: the engine's, and with speculation K more per running
+        request (a verify step keeps the state after each of its positions)."""
+        ec = self.engine
+        return ec.slots + self.speculative.draft_tokens * ec.max_running_requests
 
     @classmethod
     def build(cls, **options: Any) -> FlipjaxConfig:

@@ -28,15 +28,18 @@ from flipjax.engine.reference import ContiguousForward
 from flipjax.engine.requests import Requests
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sessions import Sessions
+from flipjax.engine.speculation import Speculation
 from flipjax.engine.step import Stepper
 from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
+from flipjax.model.mtp import Qwen3NextMTP
 from flipjax.model.quantize import quantize_model
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime import multihost
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.cache import kv_page_dtype
+from flipjax.runtime.drafter import Drafter
 from flipjax.runtime.model_runner import ModelRunner, RunnerShape
 from flipjax.runtime.placement import Placement, single_device
 from sharding.auto_layout import AUTO, choose
@@ -79,14 +82,16 @@ def assemble(
     config: FlipjaxConfig,
     prefix_store: PrefixStore | None,
     checkpoints: CheckpointBook | None,
+    draft_head: Qwen3NextMTP | None = None,
 ) -> Parts:
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
+    model, draft_head = _without_head(model, draft_head, config.speculative.draft_tokens)
     graphdef, params = nnx.split(quantize_model(model, config.model.quantization))
     config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params)
     ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)
     _check_store_dtypes(config, prefix_store)
-    allocator = Allocator(ec.num_pages, ec.slots, ec.page_size)
+    allocator = Allocator(ec.num_pages, config.num_slots, ec.page_size)
     prefix_cache = None
     if cc.prefix_cache and ec.slots > ec.max_running_requests:
         states = ec.slots - ec.max_running_requests
@@ -117,7 +122,24 @@ def assemble(
     layouts.pools.resizer = PoolResize(scheduler, prefix_cache)
     reuse = PrefixReuse(runner, scheduler, ec.page_size, interval, prefix_cache, prefix_store)
     scheduler.on_admit, scheduler.on_add = reuse.seed, reuse.prefetch
-    stepper = Stepper(runner, scheduler, reuse, tokenizer, max_len)
+    speculation = None
+    if draft_head is not None:
+        if multihost.current().multi:
+            raise ValueError("speculative decoding: runs in one process; this is a cluster")
+        drafter = Drafter(
+            cfg,
+            draft_head,
+            runner.parts,
+            params,
+            config.speculative.draft_tokens,
+            ec.num_pages,
+            ec.page_size,
+            runner.table_width,
+            runner.kernels,
+            runner.compiles,
+        )
+        speculation = Speculation(runner, drafter, allocator, max_len)
+    stepper = Stepper(runner, scheduler, reuse, tokenizer, max_len, speculation)
     return Parts(
         config=config,
         graphdef=graphdef,
@@ -133,11 +155,33 @@ def assemble(
         caches=Caches(allocator, prefix_cache, reuse, moves_state),
         requests=Requests(tokenizer, cfg.vocab_size, max_len, scheduler),
         stepper=stepper,
-        overlap=Overlap(stepper, scheduler, runner, ec.overlap),
+        # Speculating, the engine steps synchronously: drafts depend on the tokens taken in.
+        overlap=Overlap(stepper, scheduler, runner, ec.overlap and speculation is None),
         sessions=Sessions(checkpoints, interval),
         reference=ContiguousForward(graphdef, cfg, dtype),
         budgets=budgets,
     )
+
+
+def _without_head(
+    model: Qwen3NextForCausalLM, head: Qwen3NextMTP | None, draft_tokens: int
+) -> tuple[Qwen3NextForCausalLM, Qwen3NextMTP | None]:
+    """The model the steps run (never its MTP head) and the head speculation drafts with:
+    `head`, or the one `model` was built with; refused by name when speculation asks for a
+    head there is none of."""
+    own = getattr(model, "mtp", None)
+    if own is not None:
+        model = nnx.merge(*nnx.split(model))  # the caller's model keeps its head
+        del model.mtp
+    head = head if head is not None else own
+    if not draft_tokens:
+        return model, None
+    if head is None:
+        raise ValueError(
+            "speculative_algorithm: MTP needs the checkpoint's MTP head (mtp.* tensors); this "
+            "model has none"
+        )
+    return model, head
 
 
 def page_dtype(config: FlipjaxConfig) -> str:
@@ -164,11 +208,12 @@ def _runner_shape(config: FlipjaxConfig, cfg: ModelConfig, dtype: jnp.dtype) -> 
         dtype,
         ec.page_size,
         ec.num_pages or DEFAULT_NUM_PAGES,
-        ec.slots,
+        config.num_slots,
         ec.model_len(cfg),
         ec.max_running_requests,
         ec.max_prefill_tokens,
         kv_page_dtype(ec.kv_cache_dtype, dtype),
+        config.speculative.draft_tokens,
     )
 
 

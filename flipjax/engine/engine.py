@@ -24,6 +24,7 @@ from flipjax.engine.outputs import prompt_logprobs as prompt_logprobs_of
 from flipjax.engine.requests import check_salt
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.stats import EngineInfo, EngineStats, frozen
+from flipjax.model.mtp import Qwen3NextMTP
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime import mirror, multihost
@@ -46,11 +47,15 @@ class Engine(CheckpointAPI, MemoryAPI):
         name: str = "model",
         prefix_store: PrefixStore | None = None,
         checkpoints: CheckpointBook | None = None,
+        draft_head: Qwen3NextMTP | None = None,
     ):
         """An engine over `model` as `config` says (default: `FlipjaxConfig()`); `prefix_store`
-        seeds and receives prefixes; `checkpoints` enables session checkpoints."""
+        seeds and receives prefixes; `checkpoints` enables session checkpoints; speculation
+        drafts with `draft_head` (default: the MTP head `model` was built with)."""
         config = config if config is not None else FlipjaxConfig()
-        self._parts: Parts = assemble(model, tokenizer, config, prefix_store, checkpoints)
+        self._parts: Parts = assemble(
+            model, tokenizer, config, prefix_store, checkpoints, draft_head
+        )
         p = self._parts  # its config has the pool's page count settled
         self.info = EngineInfo(name, model.cfg, tokenizer, p.max_model_len, p.config)
         self._drained: list[Output] = []  # finished while an operation settled the batch
@@ -76,7 +81,8 @@ class Engine(CheckpointAPI, MemoryAPI):
         config = (config if config is not None else FlipjaxConfig()).replace(model=path, **options)
         facts = config.facts("model", "engine", "cache", "layout")
         multihost.agree({"weights": model_fingerprint(path), **facts})
-        loaded = load(path, config.model.dtype, config.layout.layout, config.model.quantization)
+        mc, drafts = config.model, config.speculative.draft_tokens > 0
+        loaded = load(path, mc.dtype, config.layout.layout, mc.quantization, draft_head=drafts)
         return cls(
             loaded.model,
             loaded.tokenizer,
@@ -84,6 +90,7 @@ class Engine(CheckpointAPI, MemoryAPI):
             name=loaded.name,
             prefix_store=prefix_store,
             checkpoints=checkpoints,
+            draft_head=loaded.draft_head,
         )
 
     # -- requests -------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # of prompt tokens 1...
     pages: list[int] = field(default_factory=list)
     slot: int | None = None
+    draft_slots: list[int] = field(default_factory=list)  # a verify step's states (speculation)
+    drafts: list[int] = field(default_factory=list)  # the MTP head's proposals after all_ids
     num_computed: int = 0
     cached_tokens: int = 0  # prompt tokens seeded from a prefix cache instead of computed
     carried: int = 0  # output_ids generated before this request (a branch of a checkpoint)

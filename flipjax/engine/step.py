@@ -20,6 +20,7 @@ from flipjax.engine.faults import Faults
 from flipjax.engine.prefix_reuse import PrefixReuse
 from flipjax.engine.scheduler import Scheduler, StepPlan
 from flipjax.engine.sequence import Sequence, TokenLogprob
+from flipjax.engine.speculation import Speculation
 from flipjax.engine.stopping import append_token
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime.buckets import pow2_bucket
@@ -46,8 +47,10 @@ class Stepper:
         reuse: PrefixReuse,
         tokenizer: Tokenizer,
         max_model_len: int,
+        speculation: Speculation | None = None,
     ):
         self.runner = runner
+        self.speculation = speculation
         self.scheduler = scheduler
         self.reuse = reuse
         self.tokenizer = tokenizer
@@ -58,6 +61,7 @@ class Stepper:
         """Run `plan`; returns the requests that finished. With `overlap`, a steady decode
         step leaves its sampled ids on device for `overlap` to take in."""
         finished: list[Sequence] = []
+        spec = self.speculation
         for c in plan.prefill:
             seq = c.seq
             row = Row(seq.all_ids[c.start : c.start + c.length], c.start, seq.pages, seq.slot)
@@ -66,13 +70,19 @@ class Stepper:
                 logits = self.runner.run([row], decode=False)
             else:
                 row.targets = seq.all_ids[c.start + 1 : c.start + c.length + 1]
-                logits, scores = self.runner.run([row], False, pow2_bucket(k) if k else 0)
+                logits = self.runner.run([row], False, pow2_bucket(k) if k else 0)
+            if spec is not None:
+                logits, hidden = logits
+            if k is not None:
+                logits, scores = logits
                 record_prompt_logprobs(seq, c.start, jax.device_get(scores), k)
             seq.num_computed += c.length
             if not self.publish(seq, c.start):
                 finished.append(seq)
                 continue
             if not c.completes_prompt:
+                if spec is not None:
+                    spec.after_prefill(seq, c.start, c.length, hidden)
                 continue
             group = [seq, *self.scheduler.release_forks(seq, self.reuse.fork)]
             if seq.max_tokens == seq.carried:  # scoring only: nothing to generate
@@ -84,10 +94,14 @@ class Stepper:
                     with self.runner.compiles.watch():
                         logits = _repeat(logits, pow2_bucket(len(group)))
                 finished += self.sample(logits, group)
+                if spec is not None:
+                    spec.after_prefill(seq, c.start, c.length, hidden)
         partial = {id(c.seq): c.seq for c in plan.prefill if c.seq.num_pending > 1}
         for seq in partial.values():  # after its last chunk of the step: a prefetch may have landed
             self.reuse.catch_up(seq)
-        if plan.decode:
+        if plan.decode and spec is not None:
+            finished += spec.decode(self, plan.decode)
+        elif plan.decode:
             rows = [Row(s.all_ids[-1:], s.num_computed, s.pages, s.slot) for s in plan.decode]
             logits = self.runner.run(rows, decode=True)
             for s in plan.decode:
@@ -101,6 +115,10 @@ class Stepper:
                 rows = [None if s.error is not None else s for s in plan.decode]
                 finished += self.sample(logits, rows)
         return finished
+
+    def guard(self, seq: Sequence, what: str, action: functools.partial) -> object:
+        """`action`'s result; an exception fails `seq` alone (`Faults.guard`)."""
+        return self.faults.guard(seq, what, action)
 
     def publish(self, seq: Sequence, start: int) -> bool:
         """Publish `seq`'s pages computed from `start`; False if that failed it."""
@@ -119,7 +137,7 @@ class Stepper:
         rows = [
             None
             if s is None or s.error is not None
-            else self.faults.guard(s, "sampling", functools.partial(self._row, s))
+            else self.faults.guard(s, "sampling", functools.partial(self.row, s))
             for s in seqs
         ]
         return self.runner.launch_sample(logits, rows)
@@ -132,12 +150,12 @@ class Stepper:
             if seq is None:
                 continue
             if seq.error is None:
-                self.faults.guard(seq, "detokenizing", functools.partial(self._take, seq, out, i))
+                self.faults.guard(seq, "detokenizing", functools.partial(self.take, seq, out, i))
             if seq.finish_reason is not None:
                 finished.append(seq)
         return finished
 
-    def _take(self, seq: Sequence, out: SamplerOutputs, i: int) -> None:
+    def take(self, seq: Sequence, out: SamplerOutputs, i: int) -> None:
         """Append row `i`'s token to `seq`: its grammar, logprobs, text and stops."""
         n = seq.params.logprobs
         lp = None
@@ -153,16 +171,17 @@ class Stepper:
         if seq.grammar is not None and seq.grammar.done and seq.finish_reason is None:
             seq.finish_reason = "stop"  # complete, and the model has no stop token
 
-    def _row(self, seq: Sequence) -> SamplerRow:
+    def row(self, seq: Sequence, ahead: list[int] | None = None) -> SamplerRow:
         """The sampler's view of `seq`: its parameters, its bias (logit_bias, plus EOS and the
-        stop ids held back until min_tokens) and its grammar's mask."""
-        params = seq.params
+        stop ids held back until min_tokens) and its grammar's mask. With `ahead` (drafts a
+        verify step checks), as it will be once they are appended."""
+        params, output = seq.params, seq.output_ids + (ahead or [])
         bias = dict(params.logit_bias)
-        if len(seq.output_ids) - seq.carried < params.min_tokens:
+        if len(output) - seq.carried < params.min_tokens:
             for token in (*params.stop_token_ids, *self.tokenizer.eos_token_ids):
                 bias[token] = -math.inf
         mask = seq.grammar.next_mask() if seq.grammar is not None else None
-        return SamplerRow(params, seq.seed, seq.prompt_ids, seq.output_ids, bias or None, mask)
+        return SamplerRow(params, seq.seed, seq.prompt_ids, output, bias or None, mask)
 
 
 @functools.partial(jax.jit, static_argnums=1)

@@ -45,6 +45,15 @@ class GDNState(NamedTuple):
         rule = dispatch.delta_rule(q.shape[1])
         return rule(q, k, v, g, beta, self.recurrent, valid)
 
+    def convolve(
+        self, x: jax.Array, weight: jax.Array, valid: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """The causal conv over the call's inputs from this state: (y, the new conv state).
+
+        A cache that keeps other conv states (a speculative step's, one per position) has the
+        same method."""
+        return causal_conv(x, weight, self.conv, valid)
+
 
 def causal_conv(
     x: jax.Array, weight: jax.Array, conv_state: jax.Array, valid: jax.Array
@@ -111,7 +120,7 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         mixed = jnp.concatenate(
             [q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], axis=-1
         )
-        mixed, conv_state = causal_conv(mixed, self.conv1d.weight[...][:, 0, :], state.conv, valid)
+        mixed, conv_state = state.convolve(mixed, self.conv1d.weight[...][:, 0, :], valid)
         kd = cfg.key_dim
         q = mixed[..., :kd].reshape(b, t, hk, dk)
         k = mixed[..., kd : 2 * kd].reshape(b, t, hk, dk)

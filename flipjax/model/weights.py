@@ -135,6 +135,7 @@ def load_params(
     scales: dict[str, np.ndarray] | None = None,
     quantize: Callable[[str, np.ndarray], tuple[np.ndarray, np.ndarray] | None] | None = None,
     quantized: dict[str, np.ndarray] | None = None,
+    part: bool = False,
 ) -> nnx.State:
     """Fill `abstract` (an eval_shape'd NNX state) from the safetensors files under `path`.
 
@@ -144,6 +145,8 @@ def load_params(
     `<proj>_scale` (`flipjax.model.quantize.attach_scales`); without `scales` they are refused.
     `quantize` (`quantize.weight_quantizer`) quantizes the others as they are read, their
     scales put in `quantized` (required with it): no float copy of the whole model is held.
+    `part`: `abstract` is a part of the checkpoint (the MTP head alone): the tensors it does
+    not name are left unread rather than refused.
     """
     reader = _Reader(tensor_files(path))
     available = set(reader.files)
@@ -165,7 +168,8 @@ def load_params(
             if got != want:
                 misshaped.append(f"{src} (expected {list(want)}, found {list(got)})")
         plan.append(parts)
-    unexpected = sorted(n for n in available - used if not n.startswith(_IGNORED_PREFIXES))
+    unread = () if part else sorted(available - used)
+    unexpected = [n for n in unread if not n.startswith(_IGNORED_PREFIXES)]
     problems = []
     if missing:
         problems.append(f"missing tensors: {', '.join(sorted(missing))}")

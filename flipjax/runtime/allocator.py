@@ -21,6 +21,7 @@ class Holder(Protocol):
     request_id: str
     pages: list[int]  # page i holds tokens [i * page_size, (i + 1) * page_size)
     slot: int | None
+    draft_slots: list[int]  # where a speculative verify step keeps its states (K of them)
 
 
 class Allocator:
@@ -54,6 +55,15 @@ class Allocator:
         holder.slot = self.slots.allocate(holder.request_id)
         self._holders[holder.request_id] = holder
 
+    def take_draft_slots(self, holder: Holder, count: int) -> bool:
+        """Give `holder` `count` more slots for a verify step's states (`draft_slots`); False
+        (and nothing taken) when too few are free."""
+        if self.slots.num_free < count:
+            return False
+        holder.draft_slots.extend(self.slots.allocate(holder.request_id) for _ in range(count))
+        self._holders[holder.request_id] = holder
+        return True
+
     def adopt(self, holder: Holder, cached: list[int]) -> None:
         """Replace the pages `holder` reserved with shared references to `cached`, the pages of
         a cached prefix (they hold its first len(cached) pages of tokens)."""
@@ -70,6 +80,9 @@ class Allocator:
         if holder.slot is not None:
             self.slots.release(holder.slot, holder.request_id)
             holder.slot = None
+        for slot in holder.draft_slots:
+            self.slots.release(slot, holder.request_id)
+        holder.draft_slots = []
         self._holders.pop(holder.request_id, None)
 
     # -- resizing -------------------------------------------------------------------------------
@@ -122,5 +135,6 @@ class Allocator:
             for page in holder.pages:
                 if name not in self.pages.holders(page):
                     raise AssertionError(f"kv pages: {name}'s table has page {page}, not held")
-            if holder.slot is not None and self.slots.owner(holder.slot) != name:
-                raise AssertionError(f"gdn slots: {name}'s slot {holder.slot} is not its own")
+            for slot in [*([holder.slot] if holder.slot is not None else []), *holder.draft_slots]:
+                if self.slots.owner(slot) != name:
+                    raise AssertionError(f"gdn slots: {name}'s slot {slot} is not its own")

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.gated_deltanet import GDNState
@@ -28,7 +28,13 @@ from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.cpu_dots import step_compiler_options
 from flipjax.runtime.crosshost import reshard
 from flipjax.runtime.host_image import HostImage
-from flipjax.runtime.paged import Scores, stage_step, updates_in_place, write_slots
+from flipjax.runtime.paged import (
+    Scores,
+    stage_step,
+    updates_in_place,
+    write_chain,
+    write_slots,
+)
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.pool_programs import placed_zeros
 from flipjax.runtime.program_cache import PROGRAMS
@@ -54,7 +60,10 @@ class Binding(StageChain):
         dtype: jnp.dtype,
         table_width: int,
         compiles: CompileCounter,
+        hidden: bool = False,
     ):
+        """`hidden`: the steps also return the final-normed hidden state at every position
+        (a speculative engine's: the MTP head drafts from it)."""
         self.placement = placement
         self.cfg = cfg
         self.parts = parts
@@ -63,6 +72,7 @@ class Binding(StageChain):
         self.dtype = dtype
         self.table_width = table_width
         self.compiles = compiles
+        self.hidden = hidden
         self.stages = placement.stages
         # Each stage's parameters as a flat tuple of arrays: a compiled call flattens its
         # arguments on every step, and the nnx State's nodes made that cost 0.35-0.4 ms a step.
@@ -74,10 +84,10 @@ class Binding(StageChain):
         self.state = state
         pools = tuple((x.shape, x.dtype) for x in jax.tree.leaves(state))
         dtypes = tuple(sorted({str(x.dtype) for x in jax.tree.leaves(params)}))
-        self._key_base = (cfg, parts, kernels, placement.key, pools, dtypes, table_width)
+        self._key_base = (cfg, parts, kernels, placement.key, pools, dtypes, table_width, hidden)
         # Hashing the key (the model's graph definitions) costs about a millisecond; a step
         # looks its programs up here instead.
-        self._found: dict[tuple[int, Shape, int | None], tuple[Any, Any]] = {}
+        self._found: dict[tuple[int, Shape, int | None, bool], tuple[Any, Any, bool]] = {}
 
     @classmethod
     def place(
@@ -125,25 +135,28 @@ class Binding(StageChain):
             self.dtype,
             self.table_width,
             self.compiles,
+            self.hidden,
         )
 
-    def programs(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, Any]:
+    def programs(
+        self, stage: int, shape: Shape, score: int | None = None, verify: bool = False
+    ) -> tuple[Any, Any]:
         """Stage `stage`'s compiled (step, write) for `shape`."""
-        step, write, _ = self._stage_programs(stage, shape, score)
+        step, write, _ = self._stage_programs(stage, shape, score, verify)
         return step, write
 
     def _stage_programs(
-        self, stage: int, shape: Shape, score: int | None = None
+        self, stage: int, shape: Shape, score: int | None = None, verify: bool = False
     ) -> tuple[Any, Any, bool]:
         """(step, write, whether the step updates the GDN pools itself)."""
-        found = self._found.get((stage, shape, score))
+        found = self._found.get((stage, shape, score, verify))
         if found is not None:
             return found
-        key = self._key(stage, shape, score)
+        key = self._key(stage, shape, score, verify)
         if key not in PROGRAMS:
             with self.compiles.watch():
-                compile_programs(self, [shape], stages=[stage], score=score)
-        self._found[(stage, shape, score)] = PROGRAMS[key]
+                compile_programs(self, [shape], stages=[stage], score=score, verify=verify)
+        self._found[(stage, shape, score, verify)] = PROGRAMS[key]
         return PROGRAMS[key]
 
     def compiled(self, placement: Placement | None = None) -> list[tuple[int, Any, Any]]:
@@ -153,13 +166,15 @@ class Binding(StageChain):
         key = (placement or self.placement).key
         cfg, pools = self._key_base[0], self._key_base[4]
         return [
-            (k[7], step, write)
+            (k[8], step, write)
             for k, (step, write, _) in list(PROGRAMS.items())
             if k[3] == key and k[0] == cfg and k[4] == pools
         ]
 
-    def _key(self, stage: int, shape: Shape, score: int | None = None) -> tuple[Any, ...]:
-        return (*self._key_base, stage, shape, score)
+    def _key(
+        self, stage: int, shape: Shape, score: int | None = None, verify: bool = False
+    ) -> tuple[Any, ...]:
+        return (*self._key_base, stage, shape, score, verify)
 
 
 def compile_programs(
@@ -167,9 +182,11 @@ def compile_programs(
     shapes: Iterable[Shape],
     stages: Iterable[int] | None = None,
     score: int | None = None,
+    verify: bool = False,
 ) -> None:
     """Compile the stage programs of `shapes` for `binding`'s placement, from abstract shapes
-    (with `score`, the last stage's scoring variant that also returns prompt logprobs).
+    (with `score`, the last stage's scoring variant that also returns prompt logprobs; with
+    `verify`, a speculative verify step's: `paged.stage_step`).
 
     Only the binding's placement and the shapes and dtypes of its arrays are read, so this can
     run for a layout before any array moves to it (arming).
@@ -186,21 +203,33 @@ def compile_programs(
         gdn = tuple(state.gdn[i] for i in binding._gdn_ids[s])
         kv_sh = tuple(state_sh.kv[i] for i in binding._kv_ids[s])
         gdn_sh = tuple(state_sh.gdn[i] for i in binding._gdn_ids[s])
-        # A layer's per-row GDN states are sharded like its slot pool (same axes after 0).
-        rows_sh = tuple(GDNState(g.recurrent, g.conv) for g in gdn_sh)
+        # A layer's per-row GDN states are sharded like its slot pool (same axes after 0; a
+        # verify step's have a position axis after the row's).
+        row = _per_position if verify else (lambda sh: sh)
+        rows_sh = tuple(GDNState(row(g.recurrent), row(g.conv)) for g in gdn_sh)
         scoring = score if span.last else None
         out_sh = rep if scoring is None else (rep, Scores(rep, rep, rep))
+        out_sh = (out_sh, rep) if binding.hidden and span.last else out_sh
         stage_fn = functools.partial(
-            stage_step, cfg, binding.parts, span, binding.kernels, scoring, mesh
+            stage_step,
+            cfg,
+            binding.parts,
+            span,
+            binding.kernels,
+            scoring,
+            mesh,
+            verify=verify,
+            hidden=binding.hidden,
         )
         leaves, tree = jax.tree.flatten(stage_params(params, span))
-        write_fn = jax.jit(write_slots, donate_argnums=(0,), out_shardings=gdn_sh)
+        writer = write_chain if verify else write_slots
+        write_fn = jax.jit(writer, donate_argnums=(0,), out_shardings=gdn_sh)
         for b, t in shapes:
-            key = binding._key(s, (b, t), scoring)
+            key = binding._key(s, (b, t), scoring, verify)
             if key in PROGRAMS:
                 continue
-            in_place = updates_in_place(cfg, binding.kernels, mesh, t)
-            in_place_sh = (gdn_sh, tuple(GDNState(None, g.conv) for g in gdn_sh))
+            in_place = updates_in_place(cfg, binding.kernels, mesh, 1 if verify else t)
+            in_place_sh = (gdn_sh, tuple(GDNState(None, row(g.conv)) for g in gdn_sh))
             step_fn = jax.jit(
                 functools.partial(_from_leaves, tree, stage_fn),
                 donate_argnums=(1, 2) if in_place else (1,),
@@ -212,7 +241,8 @@ def compile_programs(
                 if span.first
                 else jax.ShapeDtypeStruct((b, t, cfg.hidden_size), binding.dtype, sharding=rep)
             )
-            extra = () if scoring is None else (ints((b, t)),)  # the targets
+            # The targets of a scoring step, or the chain of a verify step's GDN states.
+            extra = (ints((b, t)),) if scoring is not None or verify else ()
             step = step_fn.lower(
                 tuple(leaves),
                 kv,
@@ -223,19 +253,28 @@ def compile_programs(
                 ints((b,)),
                 *extra,
             ).compile(step_compiler_options(mesh, binding.dtype, b * t))
+            per_row = (b, t) if verify else (b,)  # a verify step keeps every position's state
             rows = tuple(
                 GDNState(
                     *(
                         None
                         if in_place and name == "recurrent"
-                        else jax.ShapeDtypeStruct((b, *a.shape[1:]), a.dtype, sharding=a.sharding)
+                        else jax.ShapeDtypeStruct(
+                            (*per_row, *a.shape[1:]), a.dtype, sharding=a.sharding
+                        )
                         for name, a in zip(GDNSlots._fields, pool, strict=True)
                     )
                 )
                 for pool in gdn
             )
-            write = write_fn.lower(gdn, ints((b,)), rows).compile()
+            write = write_fn.lower(gdn, ints(per_row), rows).compile()
             PROGRAMS[key] = (step, write, in_place)
+
+
+def _per_position(sharding: NamedSharding) -> NamedSharding:
+    """A pool's sharding for states [B, T, ...]: the pool's axes after a position axis."""
+    spec = sharding.spec
+    return NamedSharding(sharding.mesh, PartitionSpec(spec[0] if spec else None, None, *spec[1:]))
 
 
 def _from_leaves(tree: Any, step: Any, leaves: tuple[jax.Array, ...], *args: Any) -> Any:

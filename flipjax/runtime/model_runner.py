@@ -67,6 +67,7 @@ class RunnerShape:
     max_running_requests: int
     max_prefill_tokens: int
     kv_dtype: jnp.dtype | None = None  # the KV pages' (`cache.kv_page_dtype`); None: `dtype`
+    speculative_tokens: int = 0  # drafts a verify step checks per row (K); 0: no speculation
 
     def pools(self, num_pages: int | None = None) -> CacheState:
         """The shapes of the pools (with `num_pages` pages, default the shape's own)."""
@@ -92,6 +93,8 @@ class ModelRunner:
         self.num_slots = shape.num_slots
         self.table_width = pages_for(shape.max_model_len, shape.page_size)
         self.decode_buckets = _pow2_range(1, shape.max_running_requests)
+        # A speculative engine decodes by verify steps of K + 1 positions per row.
+        self.decode_tokens = shape.speculative_tokens + 1
         self.prefill_buckets = _pow2_range(MIN_PREFILL_BUCKET, shape.max_prefill_tokens)
         self.compiles = CompileCounter()
         self.kernels = dispatch.current_mode()
@@ -111,6 +114,7 @@ class ModelRunner:
             dtype=shape.dtype,
             table_width=self.table_width,
             compiles=self.compiles,
+            hidden=shape.speculative_tokens > 0,
         )
 
     @property
@@ -127,8 +131,9 @@ class ModelRunner:
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
-        """Every step shape serving uses: the decode and the prefill buckets."""
-        return [(b, 1) for b in self.decode_buckets] + [(1, t) for t in self.prefill_buckets]
+        """Every step shape serving uses: the decode (or verify) and the prefill buckets."""
+        decode = [(b, self.decode_tokens) for b in self.decode_buckets]
+        return decode + [(1, t) for t in self.prefill_buckets]
 
     @mirrored
     def run(self, rows: list[Row], decode: bool, score: int | None = None) -> Any:
@@ -137,7 +142,8 @@ class ModelRunner:
 
         Decode takes any number of rows with one token each; prefill takes exactly one row.
         With `score` (top alternatives, a power of two or 0), a prefill row also gets the
-        logprobs of its `targets`: (logits, `Scores`).
+        logprobs of its `targets`: (logits, `Scores`). A speculative engine's result comes
+        paired with the hidden states at every position: (result, [B, T, hidden]).
         """
         if decode:
             b, t = pow2_bucket(len(rows)), 1
@@ -154,6 +160,21 @@ class ModelRunner:
         if score is not None:
             return self.binding.run(tokens, positions, page_table, slot_ids, targets, score)
         return self._run(tokens, positions, page_table, slot_ids)
+
+    @mirrored
+    def verify(self, rows: list[Row], chains: list[list[int]]) -> Any:
+        """A speculative verify step: each row's pending token and its drafts (`tokens`), the
+        GDN state after its token i kept in slot `chains[r][i]` (`paged.stage_step`). Returns
+        logits at every position [B_bucket, K + 1, vocab] and the hidden states there."""
+        b, t = pow2_bucket(len(rows)), self.decode_tokens
+        tokens, positions, page_table, slot_ids = self._inputs(rows, b, t)
+        chain = np.full((b, t), self.num_slots, np.int32)
+        for i, (r, c) in enumerate(zip(rows, chains, strict=True)):
+            if not 1 <= len(r.tokens) == len(c) <= t:
+                raise ValueError(f"verify: row {i} has {len(r.tokens)} tokens, {len(c)} slots")
+            tokens[i, : len(r.tokens)] = r.tokens
+            chain[i, : len(c)] = c
+        return self.binding.run(tokens, positions, page_table, slot_ids, chain=chain)
 
     def run_sampled(self, tokens: jax.Array, rows: list[Row]) -> jax.Array:
         """A decode step of `rows` (their `tokens` unused) fed by `tokens`, the ids a
@@ -189,17 +210,24 @@ class ModelRunner:
         mask; those with penalties, biases or logprobs still compile on first use.
         """
         for b, t in self.shapes:
-            logits = self._run(
+            verify = t == self.decode_tokens > 1
+            logits = self.binding.run(
                 np.zeros((b, t), np.int32),
                 np.full((b, t), -1, np.int32),
                 np.zeros((b, self.table_width), np.int32),
                 np.full((b,), self.num_slots, np.int32),
+                chain=np.full((b, t), self.num_slots, np.int32) if verify else None,
             )
+            if self.binding.hidden:
+                logits, _ = logits
+                logits = logits.reshape(-1, logits.shape[-1]) if verify else logits
             if t == 1 and self.overlaps:
                 with self.compiles.watch():
                     zeros = jnp.zeros((b,), jnp.int32, device=self.binding.sampler_device)
                     jax.block_until_ready(_column(zeros))
-            if (t == 1 or b == 1) and multihost.current().leader:  # sampling: process 0 only
+            if (
+                t == self.decode_tokens or b == 1
+            ) and multihost.current().leader:  # sampling: process 0 only
                 allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
                 for params in (SamplingParams.greedy(), SamplingParams(top_p=0.9)):
                     for mask in (None, allowed):  # rows without and with a grammar

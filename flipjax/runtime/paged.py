@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from flipjax.model.config import FULL_ATTENTION, ModelConfig
-from flipjax.model.gated_deltanet import GDNState
+from flipjax.model.gated_deltanet import GDNState, causal_conv
 from flipjax.runtime.cache import GDNSlots, KVPages
+from flipjax.runtime.chained_gdn import ChainedGDN
 from flipjax.runtime.stages import ModelParts, StageParams, StageSpan, stage_forward
 from kernels_pallas import dispatch, head_parallel
 from kernels_pallas.paged_attention.pages import write_pages
@@ -80,6 +81,11 @@ class PooledGDN(NamedTuple):
         state = jnp.take(self.pool, self.reads, axis=0, mode="fill", fill_value=0)
         return GDNState(state, self.conv).advance(q, k, v, g, beta, valid)
 
+    def convolve(
+        self, x: jax.Array, weight: jax.Array, valid: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        return causal_conv(x, weight, self.conv, valid)
+
 
 def updates_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh, tokens: int) -> bool:
     """Whether a stage step of `tokens` per row updates its GDN pools itself (the native
@@ -113,7 +119,10 @@ def stage_step(
     positions: jax.Array,
     page_table: jax.Array,
     slot_ids: jax.Array,
-    targets: jax.Array | None = None,
+    extra: jax.Array | None = None,
+    *,
+    verify: bool = False,
+    hidden: bool = False,
 ) -> tuple[Any, tuple[KVPages, ...], Any]:
     """One stage of a step. x: tokens [B, T] (first stage) or hidden [B, T, hidden];
     positions: [B, T]; page_table: [B, M]; slot_ids: [B]; kv and gdn: this stage's pools.
@@ -125,8 +134,14 @@ def stage_step(
     recurrent is None). `kernels` is the kernel dispatch mode it is traced in; the kernels run
     per device over its heads of the stage's `mesh` (see `kernels_pallas.head_parallel`).
     With `score` (a number of top alternatives) the last stage also returns the `Scores` of
-    `targets` [B, T], the token after each position: (logits, scores).
+    `extra`, the targets [B, T] (the token after each position): (logits, scores).
+
+    A speculative engine's steps (`hidden`) pair the last stage's output with the final-normed
+    hidden state at every position: (output, [B, T, hidden]). A `verify` step returns logits at
+    every position and keeps the GDN state after each position t in slot `extra[b, t]` (the
+    chain, `ChainedGDN`): its rows are states per position, [B, T, ...], for `write_chain`.
     """
+    targets, chain = (None, extra) if verify else (extra, None)
     fresh = positions[:, 0] == 0
     caches: list[Any] = []
     kv_iter, gdn_iter = iter(kv), iter(gdn)
@@ -139,21 +154,33 @@ def stage_step(
             # A fresh row reads no slot: one past the pool reads zeros.
             reads = jnp.where(fresh, slots.recurrent.shape[0], slot_ids)
             conv = jnp.take(slots.conv, reads, axis=0, mode="fill", fill_value=0)
-            caches.append(PooledGDN(slots.recurrent, reads, slot_ids, conv))
+            if chain is not None:
+                caches.append(ChainedGDN(slots.recurrent, reads, chain, conv))
+            else:
+                caches.append(PooledGDN(slots.recurrent, reads, slot_ids, conv))
     scoring = score is not None and span.last
     with dispatch.kernels(kernels), head_parallel.across(mesh):
         out, new_caches = stage_forward(
-            parts, span, params, x, positions, tuple(caches), every_position=scoring
+            parts,
+            span,
+            params,
+            x,
+            positions,
+            tuple(caches),
+            every_position=scoring or verify,
+            hidden=hidden and span.last,
         )
     if scoring:
-        out = _scored(out, positions, targets, score)
+        logits, normed = out if hidden else (out, None)
+        out = _scored(logits, positions, targets, score)
+        out = (out, normed) if hidden else out
     new_kv, rows = [], []
     for i, new in zip(span.layers, new_caches, strict=True):
         if cfg.layer_types[i] == FULL_ATTENTION:
             new_kv.append(new.pages)
         else:
             rows.append(new)
-    if updates_in_place(cfg, kernels, mesh, x.shape[1]):
+    if updates_in_place(cfg, kernels, mesh, 1 if verify else x.shape[1]):
         # The conv pools pass through unchanged (donated, so not copied) for `write_slots`.
         pools = tuple(GDNSlots(r.recurrent, g.conv) for g, r in zip(gdn, rows, strict=True))
         return out, tuple(new_kv), (pools, tuple(GDNState(None, r.conv) for r in rows))
@@ -187,6 +214,17 @@ def write_slots(
         )
         for slots, row in zip(gdn, rows, strict=True)
     )
+
+
+def write_chain(
+    gdn: tuple[GDNSlots, ...], chain: jax.Array, rows: tuple[GDNState, ...]
+) -> tuple[GDNSlots, ...]:
+    """A verify step's `write_slots`: each position's state [B, T, ...] into its chain slot
+    [B, T] (out of range: dropped)."""
+    flat = tuple(
+        GDNState(*(None if a is None else a.reshape(-1, *a.shape[2:]) for a in row)) for row in rows
+    )
+    return write_slots(gdn, chain.reshape(-1), flat)
 
 
 def _write_rows(pool: jax.Array, slot_ids: jax.Array, rows: jax.Array) -> jax.Array:

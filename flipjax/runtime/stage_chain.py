@@ -33,6 +33,7 @@ class StageChain:
 
     stages: tuple[StagePlacement, ...]
     compiles: CompileCounter
+    hidden: bool  # the last stage also returns the hidden state at every position
     sampler_device: jax.Device
     _params: list[tuple[jax.Array, ...]]  # per stage, its parameters' leaves
     _kv: list[tuple[Any, ...]]  # per stage, its KV pools
@@ -40,24 +41,25 @@ class StageChain:
     _inputs: list[NamedSharding]  # per stage, where its inputs go (replicated on its mesh)
 
     def _stage_programs(
-        self, stage: int, shape: Shape, score: int | None = None
+        self, stage: int, shape: Shape, score: int | None = None, verify: bool = False
     ) -> tuple[Any, Any, bool]:
         """Stage `stage`'s (step, write, in place) for `shape`: the binding's, compiled once."""
         raise NotImplementedError
 
-    def split(self, rows: int, tokens: int) -> tuple[int, int, int]:
+    def split(self, rows: int, tokens: int, verify: bool = False) -> tuple[int, int, int]:
         """How a pipeline cuts a [rows, tokens] step: (pieces, rows each, tokens each).
 
         A decode batch is cut into micro-batches of rows; a one-row prefill chunk into
         consecutive sub-chunks of at least `MIN_PREFILL_BUCKET`, each continuing the previous
         one's pages and GDN state. Either way stage s works on piece i + 1 while stage s + 1
-        works on piece i. A single stage never cuts.
+        works on piece i. A single stage never cuts, and a verify step only into rows: its
+        positions are one run of states (`chain`).
         """
-        across = rows if rows > 1 else tokens // MIN_PREFILL_BUCKET
+        across = rows if rows > 1 or verify else tokens // MIN_PREFILL_BUCKET
         m = 1
         while m * 2 <= min(len(self.stages), across):
             m *= 2
-        return (m, rows // m, tokens) if rows > 1 else (m, 1, tokens // m)
+        return (m, rows // m, tokens) if rows > 1 or verify else (m, 1, tokens // m)
 
     def run(
         self,
@@ -67,11 +69,15 @@ class StageChain:
         slots: np.ndarray,
         targets: np.ndarray | None = None,
         score: int | None = None,
+        chain: np.ndarray | None = None,
     ) -> Any:
         """One step over [B, T] rows; returns logits [B, vocab] on the sampler's device. With
-        `score` (top alternatives), also the `Scores` of `targets` [B, T]: (logits, scores)."""
+        `score` (top alternatives), also the `Scores` of `targets` [B, T]: (logits, scores).
+        With `chain` [B, T], a verify step (`paged.stage_step`): logits [B, T, vocab]. A
+        `hidden` binding pairs the result with the hidden states [B, T', hidden]."""
         b, t = tokens.shape
-        m, rb, tb = self.split(b, t)
+        verify = chain is not None
+        m, rb, tb = self.split(b, t, verify)
         if rb < b:
             pieces = [(slice(j * rb, (j + 1) * rb), slice(None)) for j in range(m)]
         else:
@@ -83,10 +89,13 @@ class StageChain:
         for rows, cols in pieces:
             x: Any = tokens[rows, cols]
             for s in range(len(self.stages)):
-                programs = self._stage_programs(s, (rb, tb), score if s == last else None)
+                scoring = score if s == last else None
+                programs = self._stage_programs(s, (rb, tb), scoring, verify)
                 host = [positions[rows, cols], table[rows], slots[rows]]
                 if score is not None and s == last:
                     host.append(targets[rows, cols])
+                if chain is not None:
+                    host.append(chain[rows, cols])
                 if s == 0:
                     host.insert(0, x)
                 placed = from_host(tuple(host), self._inputs[s])  # one batched transfer
@@ -94,15 +103,24 @@ class StageChain:
                     x, *placed = placed
                 else:
                     x = reshard(x, self._inputs[s])  # the stage hand-off
-                x = self._stage(s, programs, x, *placed)
+                x = self._stage(s, programs, x, *placed, verify=verify)
             outs.append(jax.tree.map(lambda a: to_leader(a, self.sampler_device), x))
         if not multihost.current().leader:  # the others only take part in the programs
             return None
+        if not self.hidden:
+            return self._merged(outs, score, rb < b)
+        with self.compiles.watch():
+            hidden = (_concat if rb < b else _concat_tokens)([h for _, h in outs])
+        return self._merged([o for o, _ in outs], score, rb < b), hidden
+
+    def _merged(self, outs: list[Any], score: int | None, by_rows: bool) -> Any:
+        """The step's result from its pieces' (rows cut into micro-batches, or one row's
+        sub-chunks, whose last piece holds the logits)."""
         if score is not None:  # one row in sub-chunks: the scores of every piece, in order
             with self.compiles.watch():
                 scores = jax.tree.map(lambda *a: _concat_tokens(a), *(s for _, s in outs))
             return outs[-1][0], scores
-        if rb == b:
+        if not by_rows:
             return outs[-1]
         with self.compiles.watch():
             return _concat(outs)
@@ -129,8 +147,10 @@ class StageChain:
         page_table: jax.Array,
         slot_ids: jax.Array,
         *extra: jax.Array,
+        verify: bool = False,
     ) -> Any:
-        """Stage `s`'s step and slot write on placed inputs; its output (hidden or logits)."""
+        """Stage `s`'s step and slot write on placed inputs; its output (hidden or logits). A
+        verify step's states go to its chain (`extra`), not to the rows' slots."""
         step, write, in_place = programs
         x, kv, gdn = step(
             self._params[s], self._kv[s], self._gdn[s], x, pos, page_table, slot_ids, *extra
@@ -138,5 +158,5 @@ class StageChain:
         self._kv[s] = kv
         # In place, the step returned the updated pools and the rows' conv states.
         pools, new_rows = gdn if in_place else (self._gdn[s], gdn)
-        self._gdn[s] = settle(write(pools, slot_ids, new_rows))
+        self._gdn[s] = settle(write(pools, extra[0] if verify else slot_ids, new_rows))
         return x

@@ -96,12 +96,14 @@ def stage_forward(
     positions: jax.Array,
     caches: tuple[Any, ...],
     every_position: bool = False,
-) -> tuple[jax.Array, tuple[Any, ...]]:
+    hidden: bool = False,
+) -> tuple[Any, tuple[Any, ...]]:
     """x: tokens [B, T] on the first stage, hidden [B, T, hidden] otherwise.
 
     Returns the hidden state for the next stage or, on the last stage, float32 logits at each
-    row's last real token ([B, vocab]; with `every_position`, at every token, [B, T, vocab]);
-    and the stage's new caches (one per layer).
+    row's last real token ([B, vocab]; with `every_position`, at every token, [B, T, vocab]),
+    with `hidden` paired with the final-normed hidden state at every token (what the MTP head
+    drafts from): (logits, [B, T, hidden]); and the stage's new caches (one per layer).
     """
     h = nnx.merge(parts.embed, params["embed"])(x) if span.first else x
     new_caches = []
@@ -110,7 +112,7 @@ def stage_forward(
         new_caches.append(cache)
     if not span.last:
         return h, tuple(new_caches)
-    h = nnx.merge(parts.norm, params["norm"])(h)
+    normed = h = nnx.merge(parts.norm, params["norm"])(h)
     if not every_position:
         last = jnp.maximum(jnp.sum(positions >= 0, axis=1) - 1, 0)
         h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
@@ -118,4 +120,5 @@ def stage_forward(
         logits = jnp.einsum("...h,vh->...v", h, params["embed"]["weight"][...])
     else:
         logits = nnx.merge(parts.head, params["head"])(h)
-    return logits.astype(jnp.float32), tuple(new_caches)
+    logits = logits.astype(jnp.float32)
+    return ((logits, normed) if hidden else logits), tuple(new_caches)

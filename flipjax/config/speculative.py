@@ -1,0 +1,101 @@
+"""Speculative decoding: sglang's flags and vLLM's JSON form of the same two settings.
+
+`--speculative-algorithm MTP --speculative-num-steps K` (sglang) and `--speculative-config
+'{"method": "mtp", "num_speculative_tokens": K}'` (vLLM) both settle into `algorithm` and
+`num_steps`; asking for both ways at once with different answers is refused, naming both.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from flipjax.config.option import option
+
+ALGORITHMS = ("MTP",)
+MAX_NUM_STEPS = 4  # the head is applied K times; drafts past four rarely survive
+DEFAULT_NUM_STEPS = 3
+_VLLM_METHODS = {"mtp": "MTP", "qwen3_next_mtp": "MTP"}
+_VLLM_KEYS = {"method", "num_speculative_tokens"}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Drafting tokens with the checkpoint's MTP head and verifying them in one step."""
+
+    speculative_algorithm: str | None = option(
+        None,
+        "draft tokens with the checkpoint's multi-token-prediction head (mtp.*) and verify "
+        "them in one step; the tokens are the model's own either way",
+        choices=ALGORITHMS,
+    )
+    speculative_num_steps: int | None = option(
+        None,
+        f"drafts per step, 1 to {MAX_NUM_STEPS} (default {DEFAULT_NUM_STEPS} with an algorithm)",
+    )
+    speculative_config: str | None = option(
+        None,
+        'vLLM\'s form: \'{"method": "mtp", "num_speculative_tokens": K}\'',
+        metavar="JSON",
+    )
+
+    def __post_init__(self) -> None:
+        algorithm, steps = self.speculative_algorithm, self.speculative_num_steps
+        if self.speculative_config is not None:
+            method, tokens = _parse_vllm(self.speculative_config)
+            for name, mine, theirs in (
+                ("speculative_algorithm", algorithm, method),
+                ("speculative_num_steps", steps, tokens),
+            ):
+                if mine is not None and mine != theirs:
+                    raise ValueError(
+                        f"{name}: {mine!r} disagrees with speculative_config's {theirs!r}"
+                    )
+            algorithm, steps = method, tokens
+        if algorithm is not None and algorithm.upper() not in ALGORITHMS:
+            raise ValueError(
+                f"speculative_algorithm: {algorithm!r} is not supported; use one of {ALGORITHMS}"
+            )
+        if algorithm is None and steps is not None:
+            raise ValueError("speculative_num_steps: given without speculative_algorithm")
+        if algorithm is not None:
+            algorithm = algorithm.upper()
+            steps = DEFAULT_NUM_STEPS if steps is None else steps
+            if isinstance(steps, bool) or not isinstance(steps, int):
+                raise ValueError(f"speculative_num_steps: must be an integer, got {steps!r}")
+            if not 1 <= steps <= MAX_NUM_STEPS:
+                raise ValueError(
+                    f"speculative_num_steps: {steps} is out of range [1, {MAX_NUM_STEPS}]"
+                )
+        object.__setattr__(self, "speculative_algorithm", algorithm)
+        object.__setattr__(self, "speculative_num_steps", steps)
+
+    @property
+    def draft_tokens(self) -> int:
+        """Drafts a verify step checks per row (K); 0 without speculation."""
+        return self.speculative_num_steps or 0
+
+
+def _parse_vllm(text: str) -> tuple[str, int]:
+    """vLLM's `--speculative-config` -> (algorithm, drafts per step)."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"speculative_config: not JSON ({e.msg} at {e.pos})") from None
+    if not isinstance(raw, dict):
+        raise ValueError("speculative_config: must be a JSON object")
+    unknown = sorted(set(raw) - _VLLM_KEYS)
+    if unknown:
+        raise ValueError(f"speculative_config: {unknown[0]!r} is not supported here")
+    method = raw.get("method")
+    if method not in _VLLM_METHODS:
+        raise ValueError(
+            f"speculative_config: method {method!r} is not supported; use one of "
+            f"{sorted(_VLLM_METHODS)}"
+        )
+    tokens = raw.get("num_speculative_tokens", DEFAULT_NUM_STEPS)
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise ValueError(
+            f"speculative_config: num_speculative_tokens must be an integer, got {tokens!r}"
+        )
+    return _VLLM_METHODS[method], tokens

@@ -1,0 +1,196 @@
+"""Speculative decoding: a step's decode rows drafted by the MTP head and verified at once.
+
+Each decode row feeds its pending token and up to K drafts through one verify step
+(`ModelRunner.verify`), which keeps the GDN state after every position in the slots the
+request holds for that (`draft_slots`). The row's own sampler then draws the model's token at
+every position as a plain decode step would draw it there: the same seed folded with the same
+step, penalties over the same output, EOS held back by the same `min_tokens` count. A draft
+stands while it equals that token; the first that differs is replaced by it. Committing is
+then exact: the tokens appended, `num_computed` advanced by as many, the GDN state of the last
+one copied into the request's slot (K/V past it is overwritten by the next step), and the MTP
+head drafts again from the hidden states of the positions just accepted.
+
+Why this is speculative rejection sampling: the drafts are greedy (a draft x has probability
+one under the draft), so the standard rule keeps x with probability min(1, p(x)) = p(x) and
+otherwise draws from the residual, p without x, renormalised. Drawing y ~ p and keeping x iff
+y = x does both at once, with y being the residual draw when it differs. Seeded, the tokens
+are therefore those of decoding without drafts, token for token.
+
+A request with a grammar decodes without drafts (its mask would have to follow each draft);
+so does a row for which no draft slots, pages or tokens are left (`_allowance`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Protocol
+
+import jax
+import numpy as np
+
+from flipjax.engine.sequence import Sequence
+from flipjax.runtime.allocator import Allocator
+from flipjax.runtime.drafter import Drafter
+from flipjax.runtime.model_runner import ModelRunner, Row
+from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
+
+
+class Steps(Protocol):
+    """What speculation uses of the engine's stepper (`flipjax.engine.step.Stepper`)."""
+
+    def row(self, seq: Sequence, ahead: list[int]) -> SamplerRow: ...
+
+    def take(self, seq: Sequence, out: SamplerOutputs, i: int) -> None: ...
+
+    def publish(self, seq: Sequence, start: int) -> bool: ...
+
+    def guard(self, seq: Sequence, what: str, action: functools.partial) -> object: ...
+
+
+class Speculation:
+    def __init__(
+        self, runner: ModelRunner, drafter: Drafter, allocator: Allocator, max_model_len: int
+    ):
+        self.runner = runner
+        self.drafter = drafter
+        self.allocator = allocator
+        self.num_steps = drafter.num_steps
+        self.max_model_len = max_model_len
+        self.counters: Counter[str] = Counter()  # verify rows, drafted, accepted tokens
+        self.accept_lengths: Counter[int] = Counter()  # tokens a row took in one step
+        self.drafted_at = [0] * self.num_steps  # drafts checked at each draft position
+        self.accepted_at = [0] * self.num_steps  # of which the model agreed with
+
+    def decode(self, steps: Steps, seqs: list[Sequence]) -> list[Sequence]:
+        """One verify step over the decode rows `seqs`; returns those that finished (or
+        failed)."""
+        self.drafter.fit(self.allocator.pages.total)
+        allowed = [self._allowance(s) for s in seqs]
+        rows = [
+            Row([s.all_ids[-1], *s.drafts[:k]], s.num_computed, s.pages, s.slot)
+            for s, k in zip(seqs, allowed, strict=True)
+        ]
+        chains = [[*s.draft_slots[:k], s.slot] for s, k in zip(seqs, allowed, strict=True)]
+        logits, hidden = self.runner.verify(rows, chains)
+        width = self.num_steps + 1
+        sampler_rows: list[SamplerRow | None] = []
+        for s, k in zip(seqs, allowed, strict=True):
+            for i in range(width):
+                row = None
+                if i <= k and s.error is None:
+                    row = steps.guard(s, "sampling", functools.partial(steps.row, s, s.drafts[:i]))
+                sampler_rows.append(row)
+        with self.runner.compiles.watch():
+            flat = _rows_of(logits)
+        out = jax.device_get(self.runner.launch_sample(flat, sampler_rows))
+        finished, taken = [], []
+        for r, (s, k) in enumerate(zip(seqs, allowed, strict=True)):
+            count = self._commit(steps, s, k, out, r * width) if s.error is None else 0
+            taken.append(count)
+            if s.error is not None or s.finish_reason is not None:
+                finished.append(s)
+        self._draft(seqs, taken, hidden)
+        return finished
+
+    def after_prefill(self, seq: Sequence, start: int, length: int, hidden: jax.Array) -> None:
+        """Write the head's K/V over a prompt chunk just computed (the token after each of its
+        positions known: the prompt's, or the first one sampled), drafting from its end."""
+        if seq.error is not None or seq.finish_reason is not None:
+            return
+        following = seq.all_ids[start + 1 : start + length + 1]
+        self._draft([seq], [len(following)], hidden, start=[start], tokens=[following])
+
+    def stats(self) -> dict[str, object]:
+        """Accept lengths (histogram) and acceptance per draft position."""
+        return {
+            "num_steps": self.num_steps,
+            "verify_rows": self.counters["rows"],
+            "drafted": self.counters["drafted"],
+            "accepted": self.counters["accepted"],
+            "accept_lengths": dict(sorted(self.accept_lengths.items())),
+            "drafted_at": tuple(self.drafted_at),
+            "accepted_at": tuple(self.accepted_at),
+        }
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _allowance(self, seq: Sequence) -> int:
+        """How many of `seq`'s drafts this step may check: none with a grammar; no more than
+        its tokens left allow past the pending one, nor its context; no more than it has draft
+        slots and pages for (taken here, when free)."""
+        if seq.grammar is not None or not seq.drafts:
+            return 0
+        left = min(seq.max_tokens - len(seq.output_ids), self.max_model_len - seq.num_tokens + 1)
+        k = max(0, min(len(seq.drafts), self.num_steps, left - 1))
+        missing = k - len(seq.draft_slots)
+        if missing > 0 and not self.allocator.take_draft_slots(seq, missing):
+            k = len(seq.draft_slots)
+        while k and not self.allocator.grow(seq, seq.num_tokens + k):
+            k -= 1
+        return k
+
+    def _commit(self, steps: Steps, seq: Sequence, k: int, out: SamplerOutputs, at: int) -> int:
+        """Take row `seq`'s tokens from the sampler's rows at..at+k: the drafts the model
+        agrees with and its own next one, up to a stop; returns how many were taken."""
+        agreed = 0
+        while agreed < k and int(out.tokens[at + agreed]) == seq.drafts[agreed]:
+            agreed += 1
+        start, taken = seq.num_computed, 0
+        for i in range(agreed + 1):
+            steps.guard(seq, "detokenizing", functools.partial(steps.take, seq, out, at + i))
+            taken += 1
+            if seq.error is not None or seq.finish_reason is not None:
+                break
+        if seq.error is not None:
+            return 0
+        last = taken - 1  # the state after the last token taken: in its chain slot
+        if last < k:
+            self.runner.copy_slot(seq.draft_slots[last], seq.slot)
+        seq.num_computed = start + taken
+        steps.publish(seq, start)
+        self.counters["rows"] += 1
+        self.counters["drafted"] += k
+        self.counters["accepted"] += agreed
+        self.accept_lengths[taken] += 1
+        for i in range(k):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < agreed
+        return taken
+
+    def _draft(
+        self,
+        seqs: list[Sequence],
+        counts: list[int],
+        hidden: jax.Array,
+        start: list[int] | None = None,
+        tokens: list[list[int]] | None = None,
+    ) -> None:
+        """Run the head over each row's `counts` newest computed positions (from `start`,
+        default where they begin, followed by `tokens`, default the row's own) and keep its
+        drafts; a row with none, or finished, keeps none."""
+        b, t = hidden.shape[:2]
+        positions = np.full((b, t), -1, np.int32)
+        following = np.zeros((b, t), np.int32)
+        table = np.zeros((b, self.runner.table_width), np.int32)
+        for r, (s, n) in enumerate(zip(seqs, counts, strict=True)):
+            s.drafts = []
+            if n == 0 or s.error is not None or s.finish_reason is not None:
+                continue
+            first = start[r] if start is not None else s.num_computed - n
+            after = tokens[r] if tokens is not None else s.all_ids[first + 1 : first + n + 1]
+            positions[r, :n] = np.arange(first, first + n)
+            following[r, :n] = after
+            table[r, : len(s.pages)] = s.pages
+        if not (positions >= 0).any():
+            return
+        drafts = self.drafter.draft(hidden, following, positions, table)
+        for r, (s, n) in enumerate(zip(seqs, counts, strict=True)):
+            if n and s.error is None and s.finish_reason is None:
+                s.drafts = [int(x) for x in drafts[r]]
+
+
+@jax.jit
+def _rows_of(logits: jax.Array) -> jax.Array:
+    """A verify step's logits [B, T, vocab] as sampler rows [B * T, vocab], row-major."""
+    return logits.reshape(-1, logits.shape[-1])

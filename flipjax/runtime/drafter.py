@@ -1,0 +1,157 @@
+"""The MTP head as a drafter: K draft tokens per row, from the model's hidden states.
+
+The head's attention layer keeps its own paged KV, one layer of pages indexed by the same page
+ids as the model's (its K/V at position t comes from the model's hidden state at t and the
+token at t + 1), so a request's page table serves both and the device prefix cache shares
+them with the pages. Everything here lives on the sampler's device (process 0's first), the
+head's weights and the embedding and lm head it shares with the model as copies of their own,
+so a layout flip never moves or recompiles it: what it reads from the step is the hidden
+states, already on that device.
+
+Drafts only ever propose: every token is the model's own (`flipjax.engine.speculation`
+verifies them), so a draft page left stale (a prefix seeded from the store, a pool resized by
+a flip) costs acceptance, never a token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from flipjax.model.config import ModelConfig
+from flipjax.model.mtp import Qwen3NextMTP
+from flipjax.model.state_shapes import state_shapes
+from flipjax.runtime.cache import KVPages
+from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.paged import PagedKV
+from flipjax.runtime.stages import ModelParts
+from kernels_pallas import dispatch, head_parallel
+
+MAX_SPECULATIVE_STEPS = 4  # sglang's MTP setting goes this far; more drafts rarely survive
+
+
+class Drafter:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        head: Qwen3NextMTP,
+        parts: ModelParts,
+        params: nnx.State,
+        num_steps: int,
+        num_pages: int,
+        page_size: int,
+        table_width: int,
+        kernels: str,
+        compiles: CompileCounter,
+    ):
+        """`head`: the loaded MTP head; `parts` and `params`: the model's (the embedding and
+        head are copied from them); `num_steps`: drafts per row (K)."""
+        if not 1 <= num_steps <= MAX_SPECULATIVE_STEPS:
+            raise ValueError(
+                f"speculative_num_steps: {num_steps} is out of range [1, {MAX_SPECULATIVE_STEPS}]"
+            )
+        if len(head.layers) != 1:
+            raise ValueError(
+                f"speculative decoding: the MTP head has {len(head.layers)} layers; one is "
+                f"supported (every published Qwen3-Next head has one)"
+            )
+        self.device = jax.devices()[0]
+        self.mesh = Mesh(np.array([self.device]), ("tp",))
+        self.num_steps = num_steps
+        self.page_size = page_size
+        self.table_width = table_width
+        self.kernels = kernels
+        self.compiles = compiles
+        graphdef, head_params = nnx.split(head)
+        shared = {"embed": params["model"]["embed_tokens"]}
+        if parts.head is not None:
+            shared["head"] = params["lm_head"]
+        self._graphdefs = (graphdef, parts)
+        self._params = jax.device_put({"mtp": head_params, **shared}, self.device)
+        self._kv_shape = (page_size, *state_shapes(cfg).kv_token)
+        self._dtype = head.fc.kernel[...].dtype
+        self.kv = self._zeros(num_pages)
+        self._programs: dict[tuple[int, int], Any] = {}
+
+    def _zeros(self, num_pages: int) -> KVPages:
+        zeros = jnp.zeros((num_pages, *self._kv_shape), self._dtype, device=self.device)
+        return KVPages(zeros, jnp.zeros_like(zeros))
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the drafter holds beyond the model: its pages and weight copies."""
+        return sum(x.nbytes for x in jax.tree.leaves((self.kv, self._params)))
+
+    def fit(self, num_pages: int) -> None:
+        """Pages for a pool of `num_pages` (a flip resized the model's: the page ids were
+        renumbered, so what the old pages held is dropped; drafts recover as tokens come)."""
+        if self.kv.k.shape[0] != num_pages:
+            self.kv = self._zeros(num_pages)
+
+    def draft(
+        self,
+        hidden: jax.Array,
+        next_tokens: np.ndarray,
+        positions: np.ndarray,
+        table: np.ndarray,
+    ) -> np.ndarray:
+        """Write the head's K/V at the rows' new positions and draft K tokens after each row's
+        last one. hidden: the model's final-normed hidden states [B, T, H] on this device;
+        next_tokens: the token after each position [B, T]; positions: [B, T] (-1: padding);
+        table: the rows' page tables [B, W]. Returns the drafts [B, K] (a row of padding
+        drafts garbage)."""
+        b, t = positions.shape
+        if hidden.shape[:2] != (b, t):
+            raise ValueError(f"draft: hidden {hidden.shape} does not match positions {(b, t)}")
+        program = self._program(b, t)
+        with self.compiles.watch():
+            drafts, self.kv = program(
+                self._params,
+                self.kv,
+                hidden,
+                jax.device_put(next_tokens.astype(np.int32), self.device),
+                jax.device_put(positions.astype(np.int32), self.device),
+                jax.device_put(table.astype(np.int32), self.device),
+            )
+        return np.asarray(jax.device_get(drafts))
+
+    def _program(self, b: int, t: int) -> Any:
+        """The drafting program for [b, t] rows, compiled on first use."""
+        if (b, t) not in self._programs:
+            self._programs[(b, t)] = self._build()
+        return self._programs[(b, t)]
+
+    def _build(self) -> Any:
+        graphdef, parts = self._graphdefs
+        steps, kernels, mesh = self.num_steps, self.kernels, self.mesh
+
+        def run(params, kv, hidden, next_tokens, positions, table):  # noqa: ANN001, ANN202
+            head = nnx.merge(graphdef, params["mtp"])
+            embed = nnx.merge(parts.embed, params["embed"])
+
+            def logits(h: jax.Array) -> jax.Array:
+                if parts.head is None:
+                    return jnp.einsum("...h,vh->...v", h, params["embed"]["weight"][...])
+                return nnx.merge(parts.head, params["head"])(h)
+
+            with dispatch.kernels(kernels), head_parallel.across(mesh):
+                h, cache = head(embed(next_tokens), hidden, positions, PagedKV(kv, table))
+                last = jnp.maximum(jnp.sum(positions >= 0, axis=1) - 1, 0)
+                h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+                pos = jnp.take_along_axis(positions, last[:, None], axis=1)[:, 0]
+                token = jnp.argmax(logits(h), axis=-1).astype(jnp.int32)
+                drafts = [token]
+                for j in range(1, steps):
+                    at = jnp.where(pos >= 0, pos + j, -1)[:, None]
+                    out, cache = head(embed(token[:, None]), h[:, None], at, cache, step=j)
+                    h = out[:, 0]
+                    token = jnp.argmax(logits(h), axis=-1).astype(jnp.int32)
+                    drafts.append(token)
+            return jnp.stack(drafts, axis=1), cache.pages
+
+        return jax.jit(run, donate_argnums=(1,))
