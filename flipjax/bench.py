@@ -11,7 +11,8 @@ XLA references on an accelerator: kernel checks, decode, a long prefill, a flip)
 (the native small-batch matmul against XLA's dot, per weight shape and row count), `memory`
 (each layout's per-device ledger and KV capacity under unequal budgets, and flip peaks), `quant`
 (int8 weights against the unquantized checkpoint: logits, greedy agreement, decode speed),
-`train` (a training step against transformers with torch's AdamW, and the matmul bound). Each
+`train` (a training step against transformers with torch's AdamW, and the matmul bound), `spec`
+(speculative decoding with the MTP head against decoding without it: accept lengths, speed). Each
 reports ratios, since a single absolute time on a shared machine means little.
 """
 
@@ -33,6 +34,7 @@ BENCHMARKS = (
     "memory",
     "quant",
     "train",
+    "spec",
 )
 
 
@@ -64,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         from flipjax.benchmarks.quant import main as run
     elif argv[0] == "train":
         from flipjax.benchmarks.train import main as run
+    elif argv[0] == "spec":
+        from flipjax.benchmarks.spec import main as run
     else:
         from flipjax.benchmarks.store import main as run
     run(argv[1:])

@@ -12,9 +12,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from flipjax.config.speculative import MAX_NUM_STEPS
 from flipjax.engine.engine import Output
 from flipjax.engine.faults import STAGES as FAULT_STAGES
-from flipjax.engine.stats import EngineStats
+from flipjax.engine.stats import EngineStats, SpeculativeStats
 from sharding.ledger import MemoryReport
 
 TIERS = ("device", "host", "disk", "remote")
@@ -136,8 +137,45 @@ class Metrics:
             ["device", "kind"],
             registry=r,
         )
+        self._speculation()
         self._flips_seen = 0
         self._totals: dict[int, int] = {}
+        self._accept_lengths: dict[int, int] = {}
+
+    def _speculation(self) -> None:
+        """Speculative decoding's counters, named as vLLM names its own (`spec_decode_*`)."""
+        r = self.registry
+        self.spec_rows = Counter(
+            "flipjax:spec_decode_num_drafts",
+            "Verify-step rows (one per request per step)",
+            registry=r,
+        )
+        self.spec_drafted = Counter(
+            "flipjax:spec_decode_num_draft_tokens", "Draft tokens checked", registry=r
+        )
+        self.spec_accepted = Counter(
+            "flipjax:spec_decode_num_accepted_tokens",
+            "Draft tokens the model agreed with",
+            registry=r,
+        )
+        self.spec_drafted_at = Counter(
+            "flipjax:spec_decode_num_draft_tokens_per_pos",
+            "Draft tokens checked, by draft position (1 = the first after the pending token)",
+            ["position"],
+            registry=r,
+        )
+        self.spec_accepted_at = Counter(
+            "flipjax:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens kept, by draft position",
+            ["position"],
+            registry=r,
+        )
+        self.spec_accept_length = Histogram(
+            "flipjax:spec_decode_accept_length",
+            "Tokens a request took in one verify step (drafts kept + the model's own)",
+            buckets=tuple(range(1, MAX_NUM_STEPS + 2)),
+            registry=r,
+        )
 
     def request_finished(self, out: Output) -> None:
         self.prompt_tokens.inc(len(out.prompt_token_ids))
@@ -184,6 +222,23 @@ class Metrics:
         self._flips_seen = len(stats.flips)
         self.layout.clear()
         self.layout.labels(stats.layout).set(1)
+        if stats.speculative is not None:
+            self._read_speculative(stats.speculative)
+
+    def _read_speculative(self, spec: SpeculativeStats) -> None:
+        self._advance(self.spec_rows, spec.verify_rows)
+        self._advance(self.spec_drafted, spec.drafted)
+        self._advance(self.spec_accepted, spec.accepted)
+        for i, (drafted, accepted) in enumerate(
+            zip(spec.drafted_at, spec.accepted_at, strict=True)
+        ):
+            self._advance(self.spec_drafted_at.labels(str(i + 1)), drafted)
+            self._advance(self.spec_accepted_at.labels(str(i + 1)), accepted)
+        for length, rows in spec.accept_lengths.items():
+            seen = self._accept_lengths.get(length, 0)
+            for _ in range(rows - seen):  # a histogram takes observations, not totals
+                self.spec_accept_length.observe(length)
+            self._accept_lengths[length] = max(seen, rows)
 
     def read_memory(self, memory: MemoryReport) -> None:
         """Refresh the ledger's gauges (a flip changes the devices: the old ones are dropped)."""

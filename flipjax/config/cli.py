@@ -23,6 +23,7 @@ _TITLES = {
     "engine": "pools and batching",
     "cache": "prefix cache",
     "layout": "layouts and flips",
+    "speculative": "speculative decoding",
     "store": "KV store",
     "serve": "HTTP server, access and limits",
     "distributed": "multi-process (jax.distributed)",

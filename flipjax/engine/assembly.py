@@ -28,7 +28,7 @@ from flipjax.engine.reference import ContiguousForward
 from flipjax.engine.requests import Requests
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sessions import Sessions
-from flipjax.engine.speculation import Speculation
+from flipjax.engine.speculation import Speculation, split_draft_head
 from flipjax.engine.step import Stepper
 from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
@@ -85,7 +85,7 @@ def assemble(
     draft_head: Qwen3NextMTP | None = None,
 ) -> Parts:
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
-    model, draft_head = _without_head(model, draft_head, config.speculative.draft_tokens)
+    model, draft_head = split_draft_head(model, draft_head, config.speculative.draft_tokens)
     graphdef, params = nnx.split(quantize_model(model, config.model.quantization))
     config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params)
     ec, cc, lc = config.engine, config.cache, config.layout
@@ -161,27 +161,6 @@ def assemble(
         reference=ContiguousForward(graphdef, cfg, dtype),
         budgets=budgets,
     )
-
-
-def _without_head(
-    model: Qwen3NextForCausalLM, head: Qwen3NextMTP | None, draft_tokens: int
-) -> tuple[Qwen3NextForCausalLM, Qwen3NextMTP | None]:
-    """The model the steps run (never its MTP head) and the head speculation drafts with:
-    `head`, or the one `model` was built with; refused by name when speculation asks for a
-    head there is none of."""
-    own = getattr(model, "mtp", None)
-    if own is not None:
-        model = nnx.merge(*nnx.split(model))  # the caller's model keeps its head
-        del model.mtp
-    head = head if head is not None else own
-    if not draft_tokens:
-        return model, None
-    if head is None:
-        raise ValueError(
-            "speculative_algorithm: MTP needs the checkpoint's MTP head (mtp.* tensors); this "
-            "model has none"
-        )
-    return model, head
 
 
 def page_dtype(config: FlipjaxConfig) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from types import MappingProxyType
 from typing import Any
 
 from flipjax.config.tree import FlipjaxConfig
@@ -23,7 +22,8 @@ from flipjax.engine.outputs import Output, Progress, StepStats, build_output, fi
 from flipjax.engine.outputs import prompt_logprobs as prompt_logprobs_of
 from flipjax.engine.requests import check_salt
 from flipjax.engine.sequence import Sequence
-from flipjax.engine.stats import EngineInfo, EngineStats, frozen
+from flipjax.engine.snapshot import snapshot
+from flipjax.engine.stats import EngineInfo, EngineStats
 from flipjax.model.mtp import Qwen3NextMTP
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
@@ -226,36 +226,7 @@ class Engine(CheckpointAPI, MemoryAPI):
 
     def stats(self) -> EngineStats:
         """A frozen snapshot of queues, pools, counters, layout and flips (between steps)."""
-        p = self._parts
-        pages, slots, store = p.allocator.pages, p.allocator.slots, p.prefix_store
-        pools = {"pages_total": pages.total, "pages_free": pages.num_free}
-        pools |= {"slots_total": slots.total, "slots_free": slots.num_free}
-        cache, sched = p.prefix_cache, p.scheduler
-        everyone = (*sched.waiting, *sched.running)
-        decoders = [s for s in sched.running if s.is_decoding]
-        return EngineStats(
-            layout=self._layout(),
-            generation=p.layouts.generation,
-            armed=tuple(p.layouts.armed),
-            flips=tuple(p.layouts.flips),
-            devices=len(p.runner.binding.placement.devices),
-            running=len(sched.running),
-            waiting=len(sched.waiting),
-            queued_tokens=sum(s.num_pending for s in everyone) - len(decoders),
-            decode_tokens_left=tuple(s.max_tokens - len(s.output_ids) for s in decoders),
-            awaiting_first_token=MappingProxyType(
-                {s.request_id: s.arrival_time for s in everyone if len(s.output_ids) == s.carried}
-            ),
-            pools=frozen(pools | p.caches.usage()),
-            prefix=frozen(p.reuse.counters),
-            scheduling=frozen(sched.counters),
-            faults=frozen(sched.faults.counters),
-            store={t: frozen(c) for t, c in (store.stats() if store else {}).items()},
-            prefix_cache_states=cache.max_states if cache is not None else 0,
-            gdn_interval=p.gdn_interval,
-            compiles=p.runner.compiles.count,
-            last_step=self._last_step,
-        )
+        return snapshot(self._parts, self._layout(), self._last_step)
 
     def check(self) -> None:
         """Prove every page and slot has one owner or is free; raises naming the culprit."""

@@ -24,12 +24,17 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from types import MappingProxyType
 from typing import Protocol
 
 import jax
 import numpy as np
+from flax import nnx
 
 from flipjax.engine.sequence import Sequence
+from flipjax.engine.stats import SpeculativeStats
+from flipjax.model.mtp import Qwen3NextMTP
+from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.drafter import Drafter
 from flipjax.runtime.model_runner import ModelRunner, Row
@@ -84,12 +89,19 @@ class Speculation:
         with self.runner.compiles.watch():
             flat = _rows_of(logits)
         out = jax.device_get(self.runner.launch_sample(flat, sampler_rows))
-        finished, taken = [], []
+        finished, taken, moves = [], [], []
         for r, (s, k) in enumerate(zip(seqs, allowed, strict=True)):
             count = self._commit(steps, s, k, out, r * width) if s.error is None else 0
             taken.append(count)
+            if 0 < count <= k:  # its state is in its chain: draft slot count - 1
+                moves.append((s.draft_slots[count - 1], s.slot))
             if s.error is not None or s.finish_reason is not None:
                 finished.append(s)
+        if moves:
+            self.runner.copy_slots([a for a, _ in moves], [b for _, b in moves])
+        for s, count in zip(seqs, taken, strict=True):
+            if count:
+                steps.publish(s, s.num_computed - count)
         self._draft(seqs, taken, hidden)
         return finished
 
@@ -101,17 +113,17 @@ class Speculation:
         following = seq.all_ids[start + 1 : start + length + 1]
         self._draft([seq], [len(following)], hidden, start=[start], tokens=[following])
 
-    def stats(self) -> dict[str, object]:
-        """Accept lengths (histogram) and acceptance per draft position."""
-        return {
-            "num_steps": self.num_steps,
-            "verify_rows": self.counters["rows"],
-            "drafted": self.counters["drafted"],
-            "accepted": self.counters["accepted"],
-            "accept_lengths": dict(sorted(self.accept_lengths.items())),
-            "drafted_at": tuple(self.drafted_at),
-            "accepted_at": tuple(self.accepted_at),
-        }
+    def stats(self) -> SpeculativeStats:
+        """Accept lengths (histogram) and acceptance per draft position, a snapshot."""
+        return SpeculativeStats(
+            num_steps=self.num_steps,
+            verify_rows=self.counters["rows"],
+            drafted=self.counters["drafted"],
+            accepted=self.counters["accepted"],
+            accept_lengths=MappingProxyType(dict(sorted(self.accept_lengths.items()))),
+            drafted_at=tuple(self.drafted_at),
+            accepted_at=tuple(self.accepted_at),
+        )
 
     # -- inside ---------------------------------------------------------------------------------
 
@@ -144,11 +156,7 @@ class Speculation:
                 break
         if seq.error is not None:
             return 0
-        last = taken - 1  # the state after the last token taken: in its chain slot
-        if last < k:
-            self.runner.copy_slot(seq.draft_slots[last], seq.slot)
         seq.num_computed = start + taken
-        steps.publish(seq, start)
         self.counters["rows"] += 1
         self.counters["drafted"] += k
         self.counters["accepted"] += agreed
@@ -188,6 +196,27 @@ class Speculation:
         for r, (s, n) in enumerate(zip(seqs, counts, strict=True)):
             if n and s.error is None and s.finish_reason is None:
                 s.drafts = [int(x) for x in drafts[r]]
+
+
+def split_draft_head(
+    model: Qwen3NextForCausalLM, head: Qwen3NextMTP | None, draft_tokens: int
+) -> tuple[Qwen3NextForCausalLM, Qwen3NextMTP | None]:
+    """The model the steps run (never with its MTP head) and the head speculation drafts
+    with: `head`, or the one `model` was built with; refused by name when speculation asks
+    for a head there is none of."""
+    own = getattr(model, "mtp", None)
+    if own is not None:
+        model = nnx.merge(*nnx.split(model))  # the caller's model keeps its head
+        del model.mtp
+    head = head if head is not None else own
+    if not draft_tokens:
+        return model, None
+    if head is None:
+        raise ValueError(
+            "speculative_algorithm: MTP needs the checkpoint's MTP head (mtp.* tensors); this "
+            "model has none"
+        )
+    return model, head
 
 
 @jax.jit

@@ -29,6 +29,26 @@ class EngineInfo:
 
 
 @dataclass(frozen=True)
+class SpeculativeStats:
+    """Speculative decoding since start: verify rows, drafts checked and kept, how many tokens
+    a row took per step (accept length: kept drafts + the model's own), and per draft
+    position how many were checked and kept."""
+
+    num_steps: int  # drafts per row (K)
+    verify_rows: int
+    drafted: int
+    accepted: int
+    accept_lengths: Mapping[int, int]  # tokens taken in one step -> rows
+    drafted_at: tuple[int, ...]  # per draft position 1..K
+    accepted_at: tuple[int, ...]
+
+    @property
+    def mean_accept_length(self) -> float:
+        rows = sum(self.accept_lengths.values())
+        return sum(n * c for n, c in self.accept_lengths.items()) / rows if rows else 0.0
+
+
+@dataclass(frozen=True)
 class EngineStats:
     layout: str  # the current layout's text form: single, tp:2, pp:5,3, ...
     generation: int  # binding generation: one per flip
@@ -52,6 +72,7 @@ class EngineStats:
     gdn_interval: int  # tokens between cached GDN states
     compiles: int  # step programs compiled by this engine
     last_step: StepStats | None
+    speculative: SpeculativeStats | None = None  # None: the engine does not speculate
 
 
 def frozen(counts: Mapping[str, int]) -> Mapping[str, int]:

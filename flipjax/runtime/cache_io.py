@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flipjax.runtime.buckets import pow2_bucket
+from flipjax.runtime.buckets import pow2_bucket, pow2_range
 from flipjax.runtime.cache import CacheState, GDNSlots, KVPages, kv_scaled
 from flipjax.runtime.crosshost import to_host
 from flipjax.runtime.host_pages import HostPages
@@ -106,6 +106,18 @@ def copy_slot(state: CacheState, src: int, dst: int) -> CacheState:
     return CacheState(kv=state.kv, gdn=gdn)
 
 
+def copy_slots(state: CacheState, srcs: list[int], dsts: list[int]) -> CacheState:
+    """Copy GDN slots `srcs[i]` into `dsts[i]` on the device, all at once (speculative
+    decoding's commit: each row's accepted state into its slot). Sources and destinations
+    must not overlap."""
+    num_slots = state.gdn[0].recurrent.shape[0] if state.gdn else 0
+    i, j = _bucketed(srcs, 0), _bucketed(dsts, num_slots)
+    gdn = tuple(
+        GDNSlots(*(_scatter(x, j, _gather(x, i)) for x in (s.recurrent, s.conv))) for s in state.gdn
+    )
+    return CacheState(kv=state.kv, gdn=gdn)
+
+
 def copy_page(state: CacheState, src: int, dst: int) -> CacheState:
     """Copy KV page `src` into page `dst` on the device, in every layer (a forked choice's own
     copy of its parent's last, partly filled page)."""
@@ -136,7 +148,7 @@ def warm(state: CacheState, max_pages: int) -> CacheState:
 def warm_shapes(state: CacheState, shardings: CacheState, max_pages: int) -> None:
     """`warm`'s programs for pools shaped like `state`'s and laid out by `shardings`, compiled
     from shapes: nothing is allocated (a windowed flip's target has no pool until it lands)."""
-    ids = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in _pow2_up_to(max_pages)]
+    ids = [jax.ShapeDtypeStruct((n,), jnp.int32) for n in pow2_range(1, max_pages)]
     one = jax.ShapeDtypeStruct((), jnp.int32)
     for leaf, sharding in zip(
         jax.tree.leaves(state.kv), jax.tree.leaves(shardings.kv), strict=True
@@ -162,10 +174,3 @@ def _empty_pages(state: CacheState, n: int) -> HostPages:
     if not kv_scaled(state):
         return HostPages(values)
     return HostPages(values, np.zeros((n, len(state.kv), 2, kv.k.shape[2]), np.float32))
-
-
-def _pow2_up_to(limit: int) -> list[int]:
-    out = [1]
-    while out[-1] < limit:
-        out.append(out[-1] * 2)
-    return out

@@ -24,7 +24,7 @@ from flax import nnx
 from flipjax.model.config import ModelConfig
 from flipjax.runtime import cache_io, host_memory, multihost
 from flipjax.runtime.binding import Binding
-from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
+from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket, pow2_range
 from flipjax.runtime.cache import CacheState, init_cache_state
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.host_image import HostImage
@@ -92,10 +92,10 @@ class ModelRunner:
         self.graphdef = graphdef
         self.num_slots = shape.num_slots
         self.table_width = pages_for(shape.max_model_len, shape.page_size)
-        self.decode_buckets = _pow2_range(1, shape.max_running_requests)
+        self.decode_buckets = pow2_range(1, shape.max_running_requests)
         # A speculative engine decodes by verify steps of K + 1 positions per row.
         self.decode_tokens = shape.speculative_tokens + 1
-        self.prefill_buckets = _pow2_range(MIN_PREFILL_BUCKET, shape.max_prefill_tokens)
+        self.prefill_buckets = pow2_range(MIN_PREFILL_BUCKET, shape.max_prefill_tokens)
         self.compiles = CompileCounter()
         self.kernels = dispatch.current_mode()
         self.parts = ModelParts.of(graphdef, params)
@@ -163,9 +163,9 @@ class ModelRunner:
 
     @mirrored
     def verify(self, rows: list[Row], chains: list[list[int]]) -> Any:
-        """A speculative verify step: each row's pending token and its drafts (`tokens`), the
-        GDN state after its token i kept in slot `chains[r][i]` (`paged.stage_step`). Returns
-        logits at every position [B_bucket, K + 1, vocab] and the hidden states there."""
+        """A speculative verify step of each row's pending token and drafts (`tokens`), the GDN
+        state after token i kept in slot `chains[r][i]`: (logits [B_bucket, K + 1, vocab],
+        the hidden states there)."""
         b, t = pow2_bucket(len(rows)), self.decode_tokens
         tokens, positions, page_table, slot_ids = self._inputs(rows, b, t)
         chain = np.full((b, t), self.num_slots, np.int32)
@@ -260,6 +260,11 @@ class ModelRunner:
             self.state = cache_io.copy_slot(self.state, src, dst)
 
     @mirrored
+    def copy_slots(self, srcs: list[int], dsts: list[int]) -> None:
+        with self.compiles.watch():
+            self.state = cache_io.copy_slots(self.state, srcs, dsts)
+
+    @mirrored
     def copy_page(self, src: int, dst: int) -> None:
         with self.compiles.watch():
             self.state = cache_io.copy_page(self.state, src, dst)
@@ -293,10 +298,3 @@ class ModelRunner:
 
 
 _column = jax.jit(lambda tokens: tokens[:, None])  # a sampler's [B] ids as a step's [B, 1]
-
-
-def _pow2_range(lo: int, hi: int) -> list[int]:
-    out = [lo]
-    while out[-1] < hi:
-        out.append(out[-1] * 2)
-    return out

@@ -55,7 +55,7 @@ def inject(engine: Engine, stage: str, monkeypatch: pytest.MonkeyPatch) -> None:
         scheduler = parts(engine).scheduler
         monkeypatch.setattr(scheduler, "on_admit", faulty(scheduler.on_admit))
     elif stage == "sampling":  # mid-decode, with the beside request in the same rows
-        monkeypatch.setattr(Stepper, "_row", faulty(Stepper._row, after=3))
+        monkeypatch.setattr(Stepper, "row", faulty(Stepper.row, after=3))
     elif stage == "detokenizing":
         monkeypatch.setattr(step_module, "append_token", faulty(step_module.append_token, 2))
     else:

@@ -28,7 +28,7 @@ REC = rng.standard_normal((3, 4, 8, 8)).astype(np.float32)  # a GDN state: recur
 CONV = rng.standard_normal((3, 3, 48)).astype(ml_dtypes.bfloat16)
 WRITE = ("ModelRunner.write", ([5, 6, 7], KV, 2, REC, CONV), {})
 # Every mirrored operation, with arguments as its callers build them (engine/step.py,
-# engine/prefix_reuse.py, engine/caches.py, sharding/flip.py).
+# engine/prefix_reuse.py, engine/caches.py, engine/speculation.py, sharding/flip.py).
 REAL = [
     ("ModelRunner.run", ([Row(list(range(40, 57)), 16, [3, 4], 1)],), {"decode": False}),
     ("ModelRunner.run", ([Row([5, 6, 7], 0, [9], 2, targets=[6, 7, 8])], False, 4), {}),
@@ -37,6 +37,8 @@ REAL = [
     ("ModelRunner.read_pages", ([3, 4],), {}),
     ("ModelRunner.read_slot", (1,), {}),
     ("ModelRunner.copy_slot", (1, 2), {}),
+    ("ModelRunner.copy_slots", ([10, 11], [1, 2]), {}),
+    ("ModelRunner.verify", ([Row([7, 8, 9], 33, [3, 4, 5], 1)], [[10, 11, 1]]), {}),
     ("ModelRunner.copy_page", (4, 9), {}),
     ("ModelRunner.warmup", (), {}),
     ("ModelRunner.warm_state_io", (), {}),

@@ -86,14 +86,14 @@ def test_a_fault_in_a_step_fails_only_its_request(served, monkeypatch):
     """A request whose sampler row raises mid-decode is a 500 with a reference; the stream
     decoding in the same batches ends with its solo text, and the fault is counted."""
     solo, _ = _stream(served.base)
-    row = Stepper._row
+    row = Stepper.row
 
     def poisoned(stepper: Stepper, seq: Sequence):
         if seq.params.seed == 4242 and len(seq.output_ids) >= 2:
             raise RuntimeError("injected sampler fault")
         return row(stepper, seq)
 
-    monkeypatch.setattr(Stepper, "_row", poisoned)
+    monkeypatch.setattr(Stepper, "row", poisoned)
     first = threading.Event()
     beside: list[tuple[str, str | None]] = []
     stream = threading.Thread(target=lambda: beside.append(_stream(served.base, first)))

@@ -1,0 +1,88 @@
+"""`python -m flipjax.bench spec`: speculative decoding with the checkpoint's MTP head against
+decoding without it, in one run, on the shipped model (`flipjax-py`, whose head was trained
+beside it) unless `--model` names another folder with `mtp.*` tensors.
+
+Prompts are function headers from the training corpus's held-out text (the standard library's
+tests, as `python -m flipjax.train.report` picks them), continued greedily.
+
+- Accept length for each K in `--num-steps`: the tokens a request takes per verify step
+  (drafts kept + the model's own), its mean and histogram, and per draft position the share
+  of drafts the model agreed with, over `--prompts` prompts and `--tokens` tokens each.
+- Decode tok/s at each batch size, speculation on (K = `--speed-steps`) against off, each
+  timed as `bench engine` times it (best of two of 1 and of n + 1 tokens). The tokens of both
+  runs are compared, and a difference is reported, never averaged away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import Any
+
+from flipjax.benchmarks.engine import measure
+from flipjax.train import corpus
+from flipjax.train.report import held_out_signatures
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m flipjax.bench spec", description=__doc__)
+    p.add_argument("--model", default="flipjax-py")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--num-steps", default="1,2,3,4")
+    p.add_argument("--speed-steps", type=int, default=3)
+    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=64)
+    args = p.parse_args(argv)
+    prompts = [s.text for s in held_out_signatures(corpus.load().held_out, args.prompts)]
+    print(f"model {args.model} ({args.dtype}), {len(prompts)} held-out function headers")
+    plain = _engine(args, 0, len(prompts))
+    want = [o.token_ids for o in plain.generate(prompts, max_new_tokens=args.tokens)]
+    del plain
+    print("\nK  mean accept length  histogram (tokens per step: rows)  agreement per position")
+    for k in (int(x) for x in args.num_steps.split(",")):
+        engine = _engine(args, k, len(prompts))
+        ids = [o.token_ids for o in engine.generate(prompts, max_new_tokens=args.tokens)]
+        s = engine.stats().speculative
+        rates = " ".join(
+            f"{a / d:.2f}" if d else "-" for a, d in zip(s.accepted_at, s.drafted_at, strict=True)
+        )
+        same = "same tokens" if ids == want else "TOKENS DIFFER from decoding without drafts"
+        print(f"{k}  {s.mean_accept_length:.2f}  {dict(s.accept_lengths)}  {rates}  ({same})")
+    print(f"\ndecode tok/s, speculation K = {args.speed_steps} against off")
+    print("batch  off  on  ratio  (prefill tok/s off, on)")
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        rows = (prompts * batch)[:batch]
+        timings = {}
+        for k in (0, args.speed_steps):
+            engine = _engine(args, k, batch)
+            prompt_len = sum(len(engine.info.tokenizer.encode(r)) for r in rows) // batch
+            run = functools.partial(_generate, engine, rows)
+            timings[k] = measure(run, batch, prompt_len, args.decode_tokens)
+        off, on = timings[0], timings[args.speed_steps]
+        print(
+            f"{batch}  {off.decode_tok_s:.1f}  {on.decode_tok_s:.1f}  "
+            f"{on.decode_tok_s / off.decode_tok_s:.2f}x  "
+            f"({off.prefill_tok_s:.0f}, {on.prefill_tok_s:.0f})"
+        )
+
+
+def _generate(engine: Any, rows: list[str], tokens: int) -> None:
+    engine.generate(rows, max_new_tokens=tokens)
+
+
+def _engine(args: argparse.Namespace, steps: int, rows: int) -> Any:
+    from flipjax import Engine
+
+    spec: dict[str, Any] = {}
+    if steps:
+        spec = dict(speculative_algorithm="MTP", speculative_num_steps=steps)
+    return Engine.from_pretrained(
+        args.model,
+        dtype=args.dtype,
+        max_running_requests=max(rows, 1),
+        max_prefill_tokens=4096,
+        num_pages=512,
+        **spec,
+    )
