@@ -6,9 +6,10 @@ request holds for that (`draft_slots`). The row's own sampler then draws the mod
 every position as a plain decode step would draw it there: the same seed folded with the same
 step, penalties over the same output, EOS held back by the same `min_tokens` count. A draft
 stands while it equals that token; the first that differs is replaced by it. Committing is
-then exact: the tokens appended, `num_computed` advanced by as many, the GDN state of the last
-one copied into the request's slot (K/V past it is overwritten by the next step), and the MTP
-head drafts again from the hidden states of the positions just accepted.
+then exact: the tokens appended, `num_computed` advanced by as many, the slot holding the GDN
+state after the last of them made the request's slot (its old one becomes a draft slot: no
+state is copied; K/V past it is overwritten by the next step), and the MTP head drafts again
+from the hidden states of the positions just accepted.
 
 Why this is speculative rejection sampling: the drafts are greedy (a draft x has probability
 one under the draft), so the standard rule keeps x with probability min(1, p(x)) = p(x) and
@@ -89,19 +90,12 @@ class Speculation:
         with self.runner.compiles.watch():
             flat = _rows_of(logits)
         out = jax.device_get(self.runner.launch_sample(flat, sampler_rows))
-        finished, taken, moves = [], [], []
+        finished, taken = [], []
         for r, (s, k) in enumerate(zip(seqs, allowed, strict=True)):
             count = self._commit(steps, s, k, out, r * width) if s.error is None else 0
             taken.append(count)
-            if 0 < count <= k:  # its state is in its chain: draft slot count - 1
-                moves.append((s.draft_slots[count - 1], s.slot))
             if s.error is not None or s.finish_reason is not None:
                 finished.append(s)
-        if moves:
-            self.runner.copy_slots([a for a, _ in moves], [b for _, b in moves])
-        for s, count in zip(seqs, taken, strict=True):
-            if count:
-                steps.publish(s, s.num_computed - count)
         self._draft(seqs, taken, hidden)
         return finished
 
@@ -156,7 +150,10 @@ class Speculation:
                 break
         if seq.error is not None:
             return 0
+        if taken <= k:  # the state after its last token is in draft slot taken - 1
+            self.allocator.promote_draft_slot(seq, taken - 1)
         seq.num_computed = start + taken
+        steps.publish(seq, start)
         self.counters["rows"] += 1
         self.counters["drafted"] += k
         self.counters["accepted"] += agreed

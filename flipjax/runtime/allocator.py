@@ -64,6 +64,13 @@ class Allocator:
         self._holders[holder.request_id] = holder
         return True
 
+    def promote_draft_slot(self, holder: Holder, i: int) -> None:
+        """Make `holder`'s draft slot `i` its slot, and its slot that draft slot: a verify step
+        left the state to keep there. Both are its own, so nothing changes hands."""
+        if holder.slot is None or not 0 <= i < len(holder.draft_slots):
+            raise ValueError(f"{holder.request_id}: no slot and draft slot {i} to exchange")
+        holder.slot, holder.draft_slots[i] = holder.draft_slots[i], holder.slot
+
     def adopt(self, holder: Holder, cached: list[int]) -> None:
         """Replace the pages `holder` reserved with shared references to `cached`, the pages of
         a cached prefix (they hold its first len(cached) pages of tokens)."""

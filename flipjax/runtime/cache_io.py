@@ -106,18 +106,6 @@ def copy_slot(state: CacheState, src: int, dst: int) -> CacheState:
     return CacheState(kv=state.kv, gdn=gdn)
 
 
-def copy_slots(state: CacheState, srcs: list[int], dsts: list[int]) -> CacheState:
-    """Copy GDN slots `srcs[i]` into `dsts[i]` on the device, all at once (speculative
-    decoding's commit: each row's accepted state into its slot). Sources and destinations
-    must not overlap."""
-    num_slots = state.gdn[0].recurrent.shape[0] if state.gdn else 0
-    i, j = _bucketed(srcs, 0), _bucketed(dsts, num_slots)
-    gdn = tuple(
-        GDNSlots(*(_scatter(x, j, _gather(x, i)) for x in (s.recurrent, s.conv))) for s in state.gdn
-    )
-    return CacheState(kv=state.kv, gdn=gdn)
-
-
 def copy_page(state: CacheState, src: int, dst: int) -> CacheState:
     """Copy KV page `src` into page `dst` on the device, in every layer (a forked choice's own
     copy of its parent's last, partly filled page)."""

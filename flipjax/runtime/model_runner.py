@@ -260,11 +260,6 @@ class ModelRunner:
             self.state = cache_io.copy_slot(self.state, src, dst)
 
     @mirrored
-    def copy_slots(self, srcs: list[int], dsts: list[int]) -> None:
-        with self.compiles.watch():
-            self.state = cache_io.copy_slots(self.state, srcs, dsts)
-
-    @mirrored
     def copy_page(self, src: int, dst: int) -> None:
         with self.compiles.watch():
             self.state = cache_io.copy_page(self.state, src, dst)

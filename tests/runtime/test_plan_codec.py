@@ -37,7 +37,6 @@ REAL = [
     ("ModelRunner.read_pages", ([3, 4],), {}),
     ("ModelRunner.read_slot", (1,), {}),
     ("ModelRunner.copy_slot", (1, 2), {}),
-    ("ModelRunner.copy_slots", ([10, 11], [1, 2]), {}),
     ("ModelRunner.verify", ([Row([7, 8, 9], 33, [3, 4, 5], 1)], [[10, 11, 1]]), {}),
     ("ModelRunner.copy_page", (4, 9), {}),
     ("ModelRunner.warmup", (), {}),
