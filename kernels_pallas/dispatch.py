@@ -199,8 +199,9 @@ def pooled_delta_rule(
     num_tokens: int, key_heads: int, value_heads: int
 ) -> Callable[..., tuple[jax.Array, jax.Array]] | None:
     """The native kernel that advances pooled GDN states by one token in their slots
-    (`gdn.native_binding.pooled_decode` without its first argument), or None where the caller
-    gathers the rows, runs `delta_rule` and writes them back.
+    (`gdn.native_binding.pooled_decode` without its first argument; given a chain of write
+    slots, a verify step's few tokens per row), or None where the caller gathers the rows,
+    runs `delta_rule` and writes them back.
 
     It runs for decode in `native` mode; under `head_parallel.across` it runs per device over
     its heads when both head counts split evenly.

@@ -170,6 +170,11 @@ class Metrics:
             ["position"],
             registry=r,
         )
+        self.spec_plain_steps = Counter(
+            "flipjax:spec_decode_plain_steps",
+            "Decode steps run without drafts, where this machine measured them faster",
+            registry=r,
+        )
         self.spec_accept_length = Histogram(
             "flipjax:spec_decode_accept_length",
             "Tokens a request took in one verify step (drafts kept + the model's own)",
@@ -229,6 +234,7 @@ class Metrics:
         self._advance(self.spec_rows, spec.verify_rows)
         self._advance(self.spec_drafted, spec.drafted)
         self._advance(self.spec_accepted, spec.accepted)
+        self._advance(self.spec_plain_steps, spec.plain_steps)
         for i, (drafted, accepted) in enumerate(
             zip(spec.drafted_at, spec.accepted_at, strict=True)
         ):

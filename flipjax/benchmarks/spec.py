@@ -8,9 +8,11 @@ tests, as `python -m flipjax.train.report` picks them), continued greedily.
 - Accept length for each K in `--num-steps`: the tokens a request takes per verify step
   (drafts kept + the model's own), its mean and histogram, and per draft position the share
   of drafts the model agreed with, over `--prompts` prompts and `--tokens` tokens each.
-- Decode tok/s at each batch size, speculation on (K = `--speed-steps`) against off, each
-  timed as `bench engine` times it (best of two of 1 and of n + 1 tokens). The tokens of both
-  runs are compared, and a difference is reported, never averaged away.
+- Decode tok/s at each batch size, speculation off, on in every step (K = `--speed-steps`),
+  and adaptive (the default: each batch size takes the way measured faster here), each timed
+  as `bench engine` times it (best of two of 1 and of n + 1 tokens). The accept lengths'
+  tokens are compared with decoding without drafts, and a difference is reported, never
+  averaged away.
 """
 
 from __future__ import annotations
@@ -50,21 +52,25 @@ def main(argv: list[str] | None = None) -> None:
         )
         same = "same tokens" if ids == want else "TOKENS DIFFER from decoding without drafts"
         print(f"{k}  {s.mean_accept_length:.2f}  {dict(s.accept_lengths)}  {rates}  ({same})")
-    print(f"\ndecode tok/s, speculation K = {args.speed_steps} against off")
-    print("batch  off  on  ratio  (prefill tok/s off, on)")
+    k = args.speed_steps
+    print(f"\ndecode tok/s, speculation K = {k}: off, on in every step, adaptive")
+    print("batch  off  on (ratio)  adaptive (ratio, steps without drafts)  prefill tok/s off, on")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         rows = (prompts * batch)[:batch]
-        timings = {}
-        for k in (0, args.speed_steps):
-            engine = _engine(args, k, batch)
+        timings, plain_steps = {}, 0
+        for way, steps, adaptive in (("off", 0, False), ("on", k, False), ("adaptive", k, True)):
+            engine = _engine(args, steps, batch, adaptive)
             prompt_len = sum(len(engine.info.tokenizer.encode(r)) for r in rows) // batch
             run = functools.partial(_generate, engine, rows)
-            timings[k] = measure(run, batch, prompt_len, args.decode_tokens)
-        off, on = timings[0], timings[args.speed_steps]
+            timings[way] = measure(run, batch, prompt_len, args.decode_tokens)
+            if adaptive:
+                s = engine.stats().speculative
+                plain_steps = s.plain_steps / max(s.plain_steps + s.verify_rows // batch, 1)
+        off, on, auto = (timings[w].decode_tok_s for w in ("off", "on", "adaptive"))
         print(
-            f"{batch}  {off.decode_tok_s:.1f}  {on.decode_tok_s:.1f}  "
-            f"{on.decode_tok_s / off.decode_tok_s:.2f}x  "
-            f"({off.prefill_tok_s:.0f}, {on.prefill_tok_s:.0f})"
+            f"{batch}  {off:.1f}  {on:.1f} ({on / off:.2f}x)  {auto:.1f} ({auto / off:.2f}x, "
+            f"{plain_steps:.0%})  {timings['off'].prefill_tok_s:.0f}, "
+            f"{timings['on'].prefill_tok_s:.0f}"
         )
 
 
@@ -72,12 +78,16 @@ def _generate(engine: Any, rows: list[str], tokens: int) -> None:
     engine.generate(rows, max_new_tokens=tokens)
 
 
-def _engine(args: argparse.Namespace, steps: int, rows: int) -> Any:
+def _engine(args: argparse.Namespace, steps: int, rows: int, adaptive: bool = False) -> Any:
     from flipjax import Engine
 
     spec: dict[str, Any] = {}
     if steps:
-        spec = dict(speculative_algorithm="MTP", speculative_num_steps=steps)
+        spec = dict(
+            speculative_algorithm="MTP",
+            speculative_num_steps=steps,
+            speculative_adaptive=adaptive,
+        )
     return Engine.from_pretrained(
         args.model,
         dtype=args.dtype,

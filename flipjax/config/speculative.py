@@ -33,6 +33,13 @@ class SpeculativeConfig:
         None,
         f"drafts per step, 1 to {MAX_NUM_STEPS} (default {DEFAULT_NUM_STEPS} with an algorithm)",
     )
+    speculative_adaptive: bool = option(
+        True,
+        "speculate in every decode step, even where this machine measures it slower than "
+        "decoding without drafts (by default each batch size takes the faster way)",
+        flag="--disable-speculative-adaptive",
+        negate=True,
+    )
     speculative_config: str | None = option(
         None,
         'vLLM\'s form: \'{"method": "mtp", "num_speculative_tokens": K}\'',

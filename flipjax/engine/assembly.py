@@ -29,6 +29,7 @@ from flipjax.engine.requests import Requests
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sessions import Sessions
 from flipjax.engine.speculation import Speculation, split_draft_head
+from flipjax.engine.speculation_policy import SpeculationPolicy
 from flipjax.engine.step import Stepper
 from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
@@ -138,7 +139,8 @@ def assemble(
             runner.kernels,
             runner.compiles,
         )
-        speculation = Speculation(runner, drafter, allocator, max_len)
+        policy = SpeculationPolicy(config.speculative.speculative_adaptive)
+        speculation = Speculation(runner, drafter, allocator, max_len, policy)
     stepper = Stepper(runner, scheduler, reuse, tokenizer, max_len, speculation)
     return Parts(
         config=config,

@@ -24,6 +24,7 @@ so does a row for which no draft slots, pages or tokens are left (`_allowance`).
 from __future__ import annotations
 
 import functools
+import time
 from collections import Counter
 from types import MappingProxyType
 from typing import Protocol
@@ -33,6 +34,7 @@ import numpy as np
 from flax import nnx
 
 from flipjax.engine.sequence import Sequence
+from flipjax.engine.speculation_policy import SpeculationPolicy
 from flipjax.engine.stats import SpeculativeStats
 from flipjax.model.mtp import Qwen3NextMTP
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
@@ -56,9 +58,15 @@ class Steps(Protocol):
 
 class Speculation:
     def __init__(
-        self, runner: ModelRunner, drafter: Drafter, allocator: Allocator, max_model_len: int
+        self,
+        runner: ModelRunner,
+        drafter: Drafter,
+        allocator: Allocator,
+        max_model_len: int,
+        policy: SpeculationPolicy,
     ):
         self.runner = runner
+        self.policy = policy
         self.drafter = drafter
         self.allocator = allocator
         self.num_steps = drafter.num_steps
@@ -71,6 +79,7 @@ class Speculation:
     def decode(self, steps: Steps, seqs: list[Sequence]) -> list[Sequence]:
         """One verify step over the decode rows `seqs`; returns those that finished (or
         failed)."""
+        t0 = time.perf_counter()
         self.drafter.fit(self.allocator.pages.total)
         allowed = [self._allowance(s) for s in seqs]
         rows = [
@@ -97,7 +106,14 @@ class Speculation:
             if s.error is not None or s.finish_reason is not None:
                 finished.append(s)
         self._draft(seqs, taken, hidden)
+        self.policy.record(len(seqs), True, sum(taken), time.perf_counter() - t0)
         return finished
+
+    def after_plain_step(self, seqs: list[Sequence], seconds: float) -> None:
+        """The policy ran a decode step of `seqs` without drafts: their drafts are stale."""
+        for s in seqs:
+            s.drafts = []
+        self.policy.record(len(seqs), False, len(seqs), seconds)
 
     def after_prefill(self, seq: Sequence, start: int, length: int, hidden: jax.Array) -> None:
         """Write the head's K/V over a prompt chunk just computed (the token after each of its
@@ -117,6 +133,8 @@ class Speculation:
             accept_lengths=MappingProxyType(dict(sorted(self.accept_lengths.items()))),
             drafted_at=tuple(self.drafted_at),
             accepted_at=tuple(self.accepted_at),
+            plain_steps=self.policy.counters["plain"],
+            switches=self.policy.counters["switches"],
         )
 
     # -- inside ---------------------------------------------------------------------------------

@@ -41,6 +41,8 @@ class SpeculativeStats:
     accept_lengths: Mapping[int, int]  # tokens taken in one step -> rows
     drafted_at: tuple[int, ...]  # per draft position 1..K
     accepted_at: tuple[int, ...]
+    plain_steps: int = 0  # decode steps the policy ran without drafts (it measured them faster)
+    switches: int = 0  # times the policy changed way
 
     @property
     def mean_accept_length(self) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Protocol
 
 import jax
@@ -99,11 +100,14 @@ class Stepper:
         partial = {id(c.seq): c.seq for c in plan.prefill if c.seq.num_pending > 1}
         for seq in partial.values():  # after its last chunk of the step: a prefetch may have landed
             self.reuse.catch_up(seq)
-        if plan.decode and spec is not None:
+        if plan.decode and spec is not None and spec.policy.speculate(len(plan.decode)):
             finished += spec.decode(self, plan.decode)
         elif plan.decode:
+            t0 = time.perf_counter()
             rows = [Row(s.all_ids[-1:], s.num_computed, s.pages, s.slot) for s in plan.decode]
             logits = self.runner.run(rows, decode=True)
+            if spec is not None:  # a speculative engine's steps return hidden states too
+                logits, _ = logits
             for s in plan.decode:
                 s.num_computed += 1
                 self.publish(s, s.num_computed - 1)
@@ -114,6 +118,8 @@ class Stepper:
             else:
                 rows = [None if s.error is not None else s for s in plan.decode]
                 finished += self.sample(logits, rows)
+            if spec is not None:
+                spec.after_plain_step(plan.decode, time.perf_counter() - t0)
         return finished
 
     def guard(self, seq: Sequence, what: str, action: functools.partial) -> object:

@@ -4,8 +4,9 @@ A verify step feeds a row its pending token and its draft tokens at once, [B, T]
 them are accepted is known only after it. So it keeps the recurrent and conv state after each
 position t in slot `chain[b, t]` (slots the request holds for that), and committing an accepted
 run is then a copy of one of them, never a recomputation. Each position runs the one-token
-update a plain decode step runs (the native pooled kernel, or the reference rule), so the state
-kept after position t is the one a plain decode of the same tokens would have reached.
+update a plain decode step runs (the native pooled kernel, given the whole chain, or the
+reference rule), so the state kept after position t is the one a plain decode of the same
+tokens would have reached.
 """
 
 from __future__ import annotations
@@ -43,17 +44,13 @@ class ChainedGDN(NamedTuple):
     ) -> tuple[jax.Array, jax.Array]:
         """o [B, T, Hv, dv] and, where the native kernel runs, the pool with every position's
         state in its chain slot; otherwise the states after every position, [B, T, ...]."""
-        t = q.shape[1]
-        steps = [tuple(a[:, i : i + 1] for a in (q, k, v, g, beta, valid)) for i in range(t)]
         native = dispatch.pooled_delta_rule(1, k.shape[2], v.shape[2])
+        if native is not None:  # the decode kernel, through the row's tokens in one call
+            return native(self.pool, self.reads, self.chain, q, k, v, g, beta, valid)
+        steps = [
+            tuple(a[:, i : i + 1] for a in (q, k, v, g, beta, valid)) for i in range(q.shape[1])
+        ]
         outs = []
-        if native is not None:
-            pool, reads = self.pool, self.reads
-            for i, step in enumerate(steps):
-                o, pool = native(pool, reads, self.chain[:, i], *step)
-                outs.append(o)
-                reads = self.chain[:, i]
-            return jnp.concatenate(outs, axis=1), pool
         rule = dispatch.delta_rule(1)
         state = jnp.take(self.pool, self.reads, axis=0, mode="fill", fill_value=0)
         states = []

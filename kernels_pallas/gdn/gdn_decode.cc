@@ -1,5 +1,6 @@
-// One decode token of the gated delta rule on the CPU, updating each row's state in its slot of
-// the pool (an XLA FFI handler).
+// Decode tokens of the gated delta rule on the CPU, updating each row's state in slots of the
+// pool (an XLA FFI handler): one token per row for a decode step, or the few of a speculative
+// verify step, each position's state kept in a slot of its own.
 //
 // XLA runs the same step as a chain of fusions that gathers the pooled states, decays them,
 // reduces them twice, writes them out and scatters them back: about eight passes over every
@@ -9,12 +10,13 @@
 // two reductions in key order), so both agree to rounding.
 //
 // Inputs: pool f32[S, H, dk, dv]; reads s32[B], the slot each row's state comes from (outside
-// [0, S): a zero state, for padding rows and rows that start fresh); writes s32[B], the slot
-// its new state goes to (outside [0, S): dropped, for padding rows); q, k f32[B, H, dk] and
-// v f32[B, H, dv], prepared (normalised, scaled, key heads repeated); alpha = exp(g) and
-// beta f32[B, H].
-// Outputs: out f32[B, H, dv]; the pool, aliased to the input pool, with the rows' new states.
-// Rows own distinct slots (the engine's pools check it), so no two rows touch one state.
+// [0, S): a zero state, for padding rows and rows that start fresh); writes s32[B, T], the slot
+// the state after each of its tokens goes to (outside [0, S): dropped, for padding, and the
+// row's later tokens too); q, k f32[B, H, T, dk] and v f32[B, H, T, dv], prepared (normalised,
+// scaled, key heads repeated); alpha = exp(g) and beta f32[B, H, T].
+// Outputs: out f32[B, H, T, dv]; the pool, aliased to the input pool, with the new states.
+// Rows own distinct slots (the engine's pools check it), so no two rows touch one state; a
+// row's token t reads the state its token t - 1 wrote.
 
 #include <algorithm>
 #include <cstdint>
@@ -28,7 +30,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 struct Shapes {
-  int64_t slots, heads, dk, dv;
+  int64_t slots, heads, tokens, dk, dv;
 };
 
 // One (row, head): the old state is `src` (null for a zero state), the new one goes to `dst`.
@@ -72,18 +74,23 @@ struct Work {
     return pool + (static_cast<int64_t>(slot) * s.heads + h) * s.dk * s.dv;
   }
 
-  // Items [first, last) of rows * heads.
+  // Items [first, last) of rows * heads, each through its row's tokens in order.
   void Run(int64_t first, int64_t last) const {
     std::unique_ptr<float[]> scratch(new float[2 * s.dv]);
     for (int64_t item = first; item < last; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
-      float* dst = At(writes[b], h);
-      if (dst == nullptr) {  // a padding row: nothing to keep; its output reads zero
-        std::fill(out + item * s.dv, out + (item + 1) * s.dv, 0.0f);
-        continue;
+      const float* src = At(reads[b], h);
+      for (int64_t t = 0; t < s.tokens; ++t) {
+        const int64_t at = item * s.tokens + t;  // (b, h, t) in the head-major inputs
+        float* dst = At(writes[b * s.tokens + t], h);
+        if (dst == nullptr) {  // padding from here on: nothing to keep; its output reads zero
+          std::fill(out + at * s.dv, out + (item + 1) * s.tokens * s.dv, 0.0f);
+          break;
+        }
+        StepHead(src, q + at * s.dk, k + at * s.dk, v + at * s.dv, alpha[at], beta[at], s.dk,
+                 s.dv, dst, out + at * s.dv, scratch.get());
+        src = dst;
       }
-      StepHead(At(reads[b], h), q + item * s.dk, k + item * s.dk, v + item * s.dv, alpha[item],
-               beta[item], s.dk, s.dv, dst, out + item * s.dv, scratch.get());
     }
   }
 };
@@ -96,18 +103,19 @@ ffi::Error GdnDecodeImpl(ffi::ThreadPool pool_threads, ffi::Buffer<ffi::F32> poo
                          ffi::ResultBuffer<ffi::F32> pool_out) {
   const auto pd = pool.dimensions();
   const auto qd = q.dimensions();
-  if (pd.size() != 4 || qd.size() != 3 || reads.dimensions().size() != 1 ||
-      writes.dimensions().size() != 1) {
+  if (pd.size() != 4 || qd.size() != 4 || reads.dimensions().size() != 1 ||
+      writes.dimensions().size() != 2) {
     return ffi::Error::InvalidArgument(
-        "gdn_decode: pool must be rank 4, q rank 3, the slot lists rank 1");
+        "gdn_decode: pool and q must be rank 4, reads rank 1, writes rank 2");
   }
-  const int64_t rows = qd[0];
-  if (reads.dimensions()[0] != rows || writes.dimensions()[0] != rows || qd[1] != pd[1] ||
-      qd[2] != pd[2] || v.dimensions()[2] != pd[3]) {
-    return ffi::Error::InvalidArgument("gdn_decode: row, head or head-dim counts disagree");
+  const int64_t rows = qd[0], tokens = qd[2];
+  if (reads.dimensions()[0] != rows || writes.dimensions()[0] != rows ||
+      writes.dimensions()[1] != tokens || qd[1] != pd[1] || qd[3] != pd[2] ||
+      v.dimensions()[3] != pd[3]) {
+    return ffi::Error::InvalidArgument("gdn_decode: row, token, head or head-dim counts disagree");
   }
   Work work;
-  work.s = Shapes{pd[0], pd[1], pd[2], pd[3]};
+  work.s = Shapes{pd[0], pd[1], tokens, pd[2], pd[3]};
   // The output pool is the input pool (aliased): it is read and updated in place.
   work.pool = pool_out->typed_data();
   work.reads = reads.typed_data();

@@ -1,4 +1,4 @@
-"""One decode token of the gated delta rule over pooled states, by the native CPU kernel.
+"""Decode tokens of the gated delta rule over pooled states, by the native CPU kernel.
 
 `gdn_decode.cc` (beside this file) reads each row's state straight from its slot and writes
 the new one back in place; XLA's form of the same step gathers, decays, reduces and scatters in
@@ -27,20 +27,25 @@ def pooled_decode(
     beta: jax.Array,
     valid: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    """Advance each row's pooled state by its one token, in its slot.
+    """Advance each row's pooled state by its tokens, in slots.
 
     pool: [S, Hv, dk, dv] fp32; reads: [B], the slot each row starts from (outside [0, S): a
-    zero state); writes: [B], the slot its new state goes to (outside [0, S): dropped, and the
-    row's output is zero); q, k: [B, 1, Hk, dk]; v: [B, 1, Hv, dv]; g, beta: [B, 1, Hv];
-    valid: [B, 1]. Rows must write distinct slots. Returns o: [B, 1, Hv, dv] fp32 and the
-    pool with the rows' new states (the input pool's buffer where it is donated).
+    zero state); writes: [B] for one token per row, the slot its new state goes to, or [B, T]
+    for T, the slot the state after each token goes to (a speculative verify step's chain;
+    outside [0, S): dropped, and the row's output there and after is zero); q, k: [B, T, Hk,
+    dk]; v: [B, T, Hv, dv]; g, beta: [B, T, Hv]; valid: [B, T]. Rows must write distinct
+    slots. Returns o: [B, T, Hv, dv] fp32 and the pool with the new states (the input pool's
+    buffer where it is donated).
     """
     if pool.dtype != jnp.float32:
         raise ValueError(f"gdn decode: the state pool must be float32, got {pool.dtype}")
-    q, k, v, g, beta = (a[:, :, 0] for a in prepare(q, k, v, g, beta, valid))
+    writes = writes[:, None] if writes.ndim == 1 else writes
+    if writes.shape != q.shape[:2]:
+        raise ValueError(f"gdn decode: writes {writes.shape} for tokens {q.shape[:2]}")
+    q, k, v, g, beta = prepare(q, k, v, g, beta, valid)  # [B, H, T, ...]
     out, pool = jax.ffi.ffi_call(
         target,
         (jax.ShapeDtypeStruct(v.shape, jnp.float32), jax.ShapeDtypeStruct(pool.shape, pool.dtype)),
         input_output_aliases={0: 1},
     )(pool, reads.astype(jnp.int32), writes.astype(jnp.int32), q, k, v, jnp.exp(g), beta)
-    return out[:, None], pool
+    return jnp.swapaxes(out, 1, 2), pool

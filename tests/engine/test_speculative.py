@@ -137,7 +137,11 @@ def _always_wrong_head_engine() -> Engine:
     head = loaded.draft_head
     head.norm.weight[...] = -jax.numpy.ones_like(head.norm.weight[...])
     config = FlipjaxConfig.build(
-        model=MODEL, speculative_algorithm="MTP", speculative_num_steps=2, **OPTIONS
+        model=MODEL,
+        speculative_algorithm="MTP",
+        speculative_num_steps=2,
+        speculative_adaptive=False,
+        **OPTIONS,
     )
     return Engine(loaded.model, loaded.tokenizer, config, draft_head=head)
 
@@ -170,3 +174,14 @@ def test_a_grammar_request_decodes_without_drafts_and_unchanged(engines):
     assert outs[0].token_ids == outs[1].token_ids and outs[1].text.endswith("(")
     assert _spec_counts(spec)[1] == drafted0
     assert_pools_returned(spec)
+
+
+def test_the_adaptive_policy_switches_ways_mid_run_and_keeps_every_token(engines):
+    base, _ = engines
+    adaptive = speculative(3, speculative_adaptive=True)
+    want = [o.token_ids for o in base.generate(PROMPTS, max_new_tokens=40)]
+    got = [o.token_ids for o in adaptive.generate(PROMPTS, max_new_tokens=40)]
+    assert got == want
+    s = adaptive.stats().speculative
+    assert s.verify_rows > 0 and s.plain_steps > 0 and s.switches > 0  # both ways measured
+    assert_pools_returned(adaptive)

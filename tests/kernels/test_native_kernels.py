@@ -67,6 +67,29 @@ def test_pooled_decode_is_the_reference_step_in_each_rows_slot(hk, hv):
         np.testing.assert_array_equal(new_pool[untouched], pool[untouched])
 
 
+def test_a_chain_of_tokens_leaves_each_state_of_a_decode_step_per_token_bit_for_bit():
+    """A speculative verify step gives the kernel several tokens per row and a slot for the state
+    after each: every state and output is the one the one-token step reaches, token by token."""
+    pool, *_ = _case(rows=3, slots=9, hk=2, hv=4, d=16)
+    tokens = [_case(rows=3, slots=1, hk=2, hv=4, d=16, seed=s)[1:] for s in (1, 2, 3)]
+    q, k, v, g, beta = (np.concatenate(parts, axis=1) for parts in zip(*tokens, strict=True))
+    reads = np.array([4, 8, 9], np.int32)  # row 2 starts fresh (one past the pool)
+    chain = np.array([[1, 2, 4], [5, 6, 99], [0, 99, 99]], np.int32)  # 99: padding from there
+    valid = chain < 9
+    target = native.target("gdn_decode")
+    step = jax.jit(gdn_native.pooled_decode, static_argnums=0)
+    out, chained = step(target, pool, reads, chain, q, k, v, g, beta, valid)
+    want, at = np.asarray(pool), reads
+    for t in range(3):
+        one = (a[:, t : t + 1] for a in (q, k, v, g, beta, valid))
+        o, want = step(target, want, at, chain[:, t], *one)
+        np.testing.assert_array_equal(np.asarray(out)[:, t], np.asarray(o)[:, 0])
+        at = chain[:, t]
+    np.testing.assert_array_equal(np.asarray(chained), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(out)[1, 2], 0)  # padding: a zero output
+    np.testing.assert_array_equal(np.asarray(chained)[[3, 7]], pool[[3, 7]])  # untouched
+
+
 def test_pooled_decode_refuses_a_pool_that_is_not_float32():
     pool, q, k, v, g, beta = _case(rows=1, slots=2, hk=1, hv=1, d=8)
     slots, valid = np.zeros(1, np.int32), np.ones((1, 1), bool)

@@ -28,8 +28,9 @@ PROMPTS = [
 
 
 def speculative(num_steps: int = 3, **options: Any) -> Engine:
-    """The shipped model drafting `num_steps` tokens a step with its MTP head."""
-    options = {"model": MODEL, **OPTIONS, **options}
+    """The shipped model drafting `num_steps` tokens a step with its MTP head, in every step
+    unless `speculative_adaptive` lets it measure which way is faster."""
+    options = {"model": MODEL, "speculative_adaptive": False, **OPTIONS, **options}
     return Engine.from_pretrained(
         options.pop("model"),
         speculative_algorithm="MTP",

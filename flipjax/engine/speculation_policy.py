@@ -1,0 +1,76 @@
+"""When to speculate: by the decode rate each way, measured on this machine as the engine runs.
+
+A verify step multiplies K + 1 positions per row and the head drafts K more, so it pays only
+where a step is bound by reading the weights (a large model, a small batch) and not by
+arithmetic or per-call costs (a small model on a CPU, a large batch). Rather than guess, the
+policy measures: per batch-size bucket, a few steps each way (tokens taken per second of the
+step), then the faster way, with the other measured again every `REPROBE_EVERY` steps in case
+the load changed. The first step after each switch is not counted (it may compile, and a
+request's drafts are empty after plain steps). The tokens are the same either way.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from flipjax.runtime.buckets import pow2_bucket
+
+PROBE_STEPS = 4  # steps of a way measured before it is judged
+REPROBE_EVERY = 64  # steps of the chosen way before the other is measured again
+
+
+@dataclass
+class _Bucket:
+    rates: dict[bool, deque[float]] = field(
+        default_factory=lambda: {True: deque(maxlen=PROBE_STEPS), False: deque(maxlen=PROBE_STEPS)}
+    )
+    last: bool | None = None  # the way the previous step took
+    since_probe: int = 0  # steps of the chosen way since the other was last measured
+    probing: int = 0  # steps left measuring the way not chosen
+    probe_way: bool = False  # the way being measured again
+
+    def rate(self, speculate: bool) -> float:
+        samples = self.rates[speculate]
+        return sum(samples) / len(samples)
+
+
+class SpeculationPolicy:
+    def __init__(self, adaptive: bool = True):
+        """`adaptive` False: always speculate."""
+        self.adaptive = adaptive
+        self.counters: Counter[str] = Counter()  # speculated, plain, switches
+        self._buckets: dict[int, _Bucket] = {}
+
+    def speculate(self, rows: int) -> bool:
+        """Whether a decode step of `rows` rows speculates."""
+        choice = self._choose(rows) if self.adaptive else True
+        self.counters["speculated" if choice else "plain"] += 1
+        return choice
+
+    def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+        """A decode step of `rows` rows took `tokens` tokens in `seconds`."""
+        bucket = self._bucket(rows)
+        switched = bucket.last is not None and bucket.last != speculated
+        self.counters["switches"] += switched
+        if bucket.last is not None and not switched and seconds > 0:
+            bucket.rates[speculated].append(tokens / seconds)
+        bucket.last = speculated
+
+    def _choose(self, rows: int) -> bool:
+        bucket = self._bucket(rows)
+        for way in (True, False):  # each way measured before either is judged
+            if len(bucket.rates[way]) < PROBE_STEPS:
+                return way
+        if bucket.probing:
+            bucket.probing -= 1
+            return bucket.probe_way
+        bucket.since_probe += 1
+        best = bucket.rate(True) >= bucket.rate(False)
+        if bucket.since_probe > REPROBE_EVERY:  # measure the other way again: the load changes
+            bucket.since_probe, bucket.probing, bucket.probe_way = 0, PROBE_STEPS, not best
+            return not best
+        return best
+
+    def _bucket(self, rows: int) -> _Bucket:
+        return self._buckets.setdefault(pow2_bucket(rows), _Bucket())

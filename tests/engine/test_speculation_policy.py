@@ -1,0 +1,52 @@
+"""The speculation policy takes, per batch size, the way this machine measures faster, and
+measures the other again now and then; without `adaptive` it always speculates."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from flipjax.engine.speculation_policy import PROBE_STEPS, REPROBE_EVERY, SpeculationPolicy
+
+
+def _drive(policy: SpeculationPolicy, rates: dict[int, dict[bool, float]], steps: int) -> list:
+    """Run `steps` decode steps per batch size, each way taking tokens at its rate (tokens a
+    second); returns the ways taken, per step, as (rows, speculated)."""
+    taken = []
+    for _ in range(steps):
+        for rows, rate in rates.items():
+            way = policy.speculate(rows)
+            policy.record(rows, way, int(rate[way] * 10), 10.0)
+            taken.append((rows, way))
+    return taken
+
+
+def test_each_batch_size_settles_on_its_faster_way_and_measures_the_other_again():
+    policy = SpeculationPolicy()
+    rates = {1: {True: 300.0, False: 100.0}, 8: {True: 500.0, False: 900.0}}
+    taken = _drive(policy, rates, 2 * PROBE_STEPS + 2 + REPROBE_EVERY + 3 * PROBE_STEPS)
+    for rows, faster in ((1, True), (8, False)):
+        ways = [way for r, way in taken if r == rows]
+        probe = 2 * PROBE_STEPS + 2  # each way measured, its first step after a switch uncounted
+        assert Counter(ways[:probe]) == {True: PROBE_STEPS + 1, False: PROBE_STEPS + 1}
+        settled = ways[probe : probe + REPROBE_EVERY]
+        assert settled == [faster] * REPROBE_EVERY
+        again = ways[probe + REPROBE_EVERY : probe + REPROBE_EVERY + PROBE_STEPS + 1]
+        assert again == [not faster] * (PROBE_STEPS + 1)
+        assert ways[probe + REPROBE_EVERY + PROBE_STEPS + 1] is faster
+    # Batch 1: to plain to measure it, back, and both ways again; batch 8 stays on plain after.
+    assert policy.counters["switches"] == 4 + 3
+
+
+def test_a_change_in_load_is_followed_at_the_next_measurement():
+    policy = SpeculationPolicy()
+    _drive(policy, {1: {True: 300.0, False: 100.0}}, 2 * PROBE_STEPS + 2 + 5)
+    assert policy.speculate(1) is True
+    taken = _drive(policy, {1: {True: 50.0, False: 100.0}}, REPROBE_EVERY + 2 * PROBE_STEPS + 4)
+    assert taken[-1] == (1, False)
+
+
+def test_without_adaptive_every_step_speculates():
+    policy = SpeculationPolicy(adaptive=False)
+    taken = _drive(policy, {4: {True: 1.0, False: 1000.0}}, 100)
+    assert all(way for _, way in taken)
+    assert policy.counters["plain"] == 0
