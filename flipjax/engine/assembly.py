@@ -157,8 +157,7 @@ def assemble(
         caches=Caches(allocator, prefix_cache, reuse, moves_state),
         requests=Requests(tokenizer, cfg.vocab_size, max_len, scheduler),
         stepper=stepper,
-        # Speculating, the engine steps synchronously: drafts depend on the tokens taken in.
-        overlap=Overlap(stepper, scheduler, runner, ec.overlap and speculation is None),
+        overlap=Overlap(stepper, scheduler, runner, ec.overlap, speculation),
         sessions=Sessions(checkpoints, interval),
         reference=ContiguousForward(graphdef, cfg, dtype),
         budgets=budgets,

@@ -242,6 +242,8 @@ class Engine(CheckpointAPI, MemoryAPI):
     def warmup(self) -> None:
         """Compile every step shape now, so serving never compiles the model step later."""
         self._parts.caches.warmup(self._parts.runner)
+        if (speculation := self._parts.stepper.speculation) is not None:
+            speculation.warmup()
 
     def close(self) -> None:
         """Abort every request in flight and refuse new ones; pages and slots return to the

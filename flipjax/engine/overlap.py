@@ -15,19 +15,23 @@ and GDN state then cover every token it holds (`num_computed == num_tokens`), wh
 consistent state to free or cache; its extra logits are not sampled.
 
 It runs ahead only while the batch stays the same: one process, one stage, every running request
-decoding in it and none waiting. Anything else, including a row that stopped, takes the pending
-ids in first (`drain`), and the engine drains before any operation outside a step (abort, flip,
-checkpoint, checks), so nothing else ever sees a request whose newest id is still on device.
+decoding in it and none waiting; in a speculating engine, only while its policy takes steps
+without drafts (a verify step needs the ids on the host to know the drafts' prefix). Anything
+else, including a row that stopped, takes the pending ids in first (`drain`), and the engine
+drains before any operation outside a step (abort, flip, checkpoint, checks), so nothing else
+ever sees a request whose newest id is still on device.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import jax
 
 from flipjax.engine.scheduler import Scheduler, StepPlan
 from flipjax.engine.sequence import Sequence
+from flipjax.engine.speculation import Speculation
 from flipjax.engine.step import Stepper
 from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.sampler import SamplerOutputs
@@ -49,8 +53,10 @@ class Overlap:
         scheduler: Scheduler,
         runner: ModelRunner,
         enabled: bool,
+        speculation: Speculation | None = None,
     ):
         self.stepper = stepper
+        self.speculation = speculation
         self.scheduler = scheduler
         self.runner = runner
         self.enabled = enabled
@@ -71,7 +77,7 @@ class Overlap:
         those ids in and dispatch sampling the new step; returns the requests that finished.
         None, having run nothing, when the batch is not steady or a row's next page is not
         free (then `drain` and schedule)."""
-        p = self.pending
+        p, t0 = self.pending, time.perf_counter()
         if p is None or not self._steady(p.rows):
             return None
         seqs: list[Sequence] = list(p.rows)  # type: ignore[arg-type]  # `_steady`: no None
@@ -90,6 +96,8 @@ class Overlap:
         if any(s is not None for s in live):
             self.pending = Pending(live, self.stepper.launch(logits, live))
         self.steps += 1
+        if self.speculation is not None:
+            self.speculation.after_plain_step(seqs, time.perf_counter() - t0)
         return finished
 
     def drain(self) -> list[Sequence]:
@@ -108,4 +116,5 @@ class Overlap:
             and not self.scheduler.waiting
             and len(rows) == len(running)
             and all(r is not None and r.finish_reason is None for r in rows)
+            and (self.speculation is None or not self.speculation.policy.speculate(len(rows)))
         )

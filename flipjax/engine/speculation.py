@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -67,6 +68,7 @@ class Speculation:
     ):
         self.runner = runner
         self.policy = policy
+        self._last_end: float | None = None  # when the last decode step was recorded
         self.drafter = drafter
         self.allocator = allocator
         self.num_steps = drafter.num_steps
@@ -106,14 +108,23 @@ class Speculation:
             if s.error is not None or s.finish_reason is not None:
                 finished.append(s)
         self._draft(seqs, taken, hidden)
-        self.policy.record(len(seqs), True, sum(taken), time.perf_counter() - t0)
+        self._record(len(seqs), True, sum(taken), time.perf_counter() - t0)
         return finished
 
     def after_plain_step(self, seqs: list[Sequence], seconds: float) -> None:
         """The policy ran a decode step of `seqs` without drafts: their drafts are stale."""
         for s in seqs:
             s.drafts = []
-        self.policy.record(len(seqs), False, len(seqs), seconds)
+        self._record(len(seqs), False, len(seqs), seconds)
+
+    def _record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
+        """Tell the policy what a step took: the wall time since the last decode step, which
+        counts the host's work around it (a plain step's runs ahead of it, a verify step's
+        cannot), or after a pause between steps only the step's own `seconds`."""
+        now = time.perf_counter()
+        gap = now - self._last_end if self._last_end is not None else seconds
+        self._last_end = now
+        self.policy.record(rows, speculated, tokens, gap if gap < 3 * seconds + 5e-3 else seconds)
 
     def after_prefill(self, seq: Sequence, start: int, length: int, hidden: jax.Array) -> None:
         """Write the head's K/V over a prompt chunk just computed (the token after each of its
@@ -122,6 +133,17 @@ class Speculation:
             return
         following = seq.all_ids[start + 1 : start + length + 1]
         self._draft([seq], [len(following)], hidden, start=[start], tokens=[following])
+
+    def warmup(self) -> None:
+        """Compile the head's programs for every step shape (all padding: nothing written)."""
+        runner, hidden = self.runner, self.runner.cfg.hidden_size
+        for b, t in runner.shapes:
+            if t == 1:
+                continue
+            positions = np.full((b, t), -1, np.int32)
+            states = jnp.zeros((b, t, hidden), runner.binding.dtype, device=self.drafter.device)
+            table = np.zeros((b, runner.table_width), np.int32)
+            self.drafter.draft(states, positions.clip(0), positions, table)
 
     def stats(self) -> SpeculativeStats:
         """Accept lengths (histogram) and acceptance per draft position, a snapshot."""

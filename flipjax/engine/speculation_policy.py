@@ -11,13 +11,14 @@ request's drafts are empty after plain steps). The tokens are the same either wa
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from flipjax.runtime.buckets import pow2_bucket
 
-PROBE_STEPS = 4  # steps of a way measured before it is judged
-REPROBE_EVERY = 64  # steps of the chosen way before the other is measured again
+PROBE_STEPS = 6  # steps of a way measured before it is judged (by their median: steps are noisy)
+REPROBE_EVERY = 192  # steps of the chosen way before the other is measured again
 
 
 @dataclass
@@ -29,10 +30,10 @@ class _Bucket:
     since_probe: int = 0  # steps of the chosen way since the other was last measured
     probing: int = 0  # steps left measuring the way not chosen
     probe_way: bool = False  # the way being measured again
+    decided: bool | None = None  # the way chosen for the step not yet recorded
 
     def rate(self, speculate: bool) -> float:
-        samples = self.rates[speculate]
-        return sum(samples) / len(samples)
+        return statistics.median(self.rates[speculate])
 
 
 class SpeculationPolicy:
@@ -43,14 +44,20 @@ class SpeculationPolicy:
         self._buckets: dict[int, _Bucket] = {}
 
     def speculate(self, rows: int) -> bool:
-        """Whether a decode step of `rows` rows speculates."""
-        choice = self._choose(rows) if self.adaptive else True
-        self.counters["speculated" if choice else "plain"] += 1
-        return choice
+        """Whether the next decode step of `rows` rows speculates: asked again before that step
+        is recorded, the same answer (the overlap of plain steps asks ahead of the stepper)."""
+        if not self.adaptive:
+            return True
+        bucket = self._bucket(rows)
+        if bucket.decided is None:
+            bucket.decided = self._choose(rows)
+        return bucket.decided
 
     def record(self, rows: int, speculated: bool, tokens: int, seconds: float) -> None:
         """A decode step of `rows` rows took `tokens` tokens in `seconds`."""
+        self.counters["speculated" if speculated else "plain"] += 1
         bucket = self._bucket(rows)
+        bucket.decided = None
         switched = bucket.last is not None and bucket.last != speculated
         self.counters["switches"] += switched
         if bucket.last is not None and not switched and seconds > 0:

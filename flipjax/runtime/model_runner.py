@@ -131,8 +131,11 @@ class ModelRunner:
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
-        """Every step shape serving uses: the decode (or verify) and the prefill buckets."""
-        decode = [(b, self.decode_tokens) for b in self.decode_buckets]
+        """Every step shape serving uses: the decode, the verify (speculating) and the prefill
+        buckets."""
+        decode = [(b, 1) for b in self.decode_buckets]
+        if self.decode_tokens > 1:
+            decode += [(b, self.decode_tokens) for b in self.decode_buckets]
         return decode + [(1, t) for t in self.prefill_buckets]
 
     @mirrored
@@ -210,7 +213,7 @@ class ModelRunner:
         mask; those with penalties, biases or logprobs still compile on first use.
         """
         for b, t in self.shapes:
-            verify = t == self.decode_tokens > 1
+            verify = 1 < t == self.decode_tokens
             logits = self.binding.run(
                 np.zeros((b, t), np.int32),
                 np.full((b, t), -1, np.int32),
@@ -225,9 +228,8 @@ class ModelRunner:
                 with self.compiles.watch():
                     zeros = jnp.zeros((b,), jnp.int32, device=self.binding.sampler_device)
                     jax.block_until_ready(_column(zeros))
-            if (
-                t == self.decode_tokens or b == 1
-            ) and multihost.current().leader:  # sampling: process 0 only
+            # Sampling runs on process 0 only.
+            if (t == 1 or verify or b == 1) and multihost.current().leader:
                 allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
                 for params in (SamplingParams.greedy(), SamplingParams(top_p=0.9)):
                     for mask in (None, allowed):  # rows without and with a grammar

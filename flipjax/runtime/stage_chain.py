@@ -109,8 +109,10 @@ class StageChain:
             return None
         if not self.hidden:
             return self._merged(outs, score, rb < b)
-        with self.compiles.watch():
-            hidden = (_concat if rb < b else _concat_tokens)([h for _, h in outs])
+        hidden = outs[0][1]
+        if len(outs) > 1:
+            with self.compiles.watch():
+                hidden = (_concat if rb < b else _concat_tokens)([h for _, h in outs])
         return self._merged([o for o, _ in outs], score, rb < b), hidden
 
     def _merged(self, outs: list[Any], score: int | None, by_rows: bool) -> Any:
@@ -136,7 +138,9 @@ class StageChain:
         programs = self._stage_programs(0, tokens.shape)
         x = jax.device_put(tokens, self._inputs[0])
         placed = from_host((positions, table, slots), self._inputs[0])
-        return to_leader(self._stage(0, programs, x, *placed), self.sampler_device)
+        logits = self._stage(0, programs, x, *placed)
+        logits = logits[0] if self.hidden else logits  # no head drafts from a step run ahead
+        return to_leader(logits, self.sampler_device)
 
     def _stage(
         self,
