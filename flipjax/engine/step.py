@@ -161,16 +161,17 @@ class Stepper:
                 finished.append(seq)
         return finished
 
-    def take(self, seq: Sequence, out: SamplerOutputs, i: int) -> None:
-        """Append row `i`'s token to `seq`: its grammar, logprobs, text and stops."""
+    def take(self, seq: Sequence, out: SamplerOutputs, i: int, token: int | None = None) -> None:
+        """Append row `i`'s token (or `token`, a draft that row drew) to `seq`: its grammar,
+        logprobs, text and stops."""
+        token = int(out.tokens[i]) if token is None else token
         n = seq.params.logprobs
         lp = None
         if n is not None:
             top = list(
                 zip(out.top_ids[i, :n].tolist(), out.top_logprobs[i, :n].tolist(), strict=True)
             )
-            lp = TokenLogprob(int(out.tokens[i]), float(out.logprob[i]), top)
-        token = int(out.tokens[i])
+            lp = TokenLogprob(token, float(out.logprob[i]), top)
         if seq.grammar is not None:
             seq.grammar.accept(token)
         append_token(seq, token, lp, self.tokenizer, self.max_model_len)

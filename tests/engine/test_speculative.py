@@ -5,6 +5,8 @@ wrong."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import jax
 import numpy as np
 import pytest
@@ -68,6 +70,40 @@ def test_seeded_sampling_gives_the_same_tokens(engines):
     want = [o.token_ids for o in base.generate(prompts, sampling=params)]
     got = [o.token_ids for o in spec.generate(prompts, sampling=params)]
     assert got == want
+
+
+def _chi_square(a: list[int], b: list[int]) -> float:
+    """Pearson's statistic for two samples of one categorical variable coming from the same
+    distribution (a 2 x categories table, categories with no draws left out)."""
+    total = [x + y for x, y in zip(a, b, strict=True)]
+    n_a, n_b, n = sum(a), sum(b), sum(a) + sum(b)
+    return sum(
+        (obs - rows * col / n) ** 2 / (rows * col / n)
+        for col, x, y in zip(total, a, b, strict=True)
+        if col
+        for obs, rows in ((x, n_a), (y, n_b))
+    )
+
+
+def test_sampled_tokens_keep_the_model_s_distribution(engines):
+    """Over 64 seeds at temperature 1, the second and third tokens (drawn by a verify step) are
+    distributed as without drafts: a chi-square test over each one's four likeliest values and
+    the rest. An acceptance that keeps a draft without drawing against it fails it."""
+    base, spec = engines
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=3) for seed in range(64)]
+    plain_runs, spec_runs = (
+        [o.token_ids for o in engine.generate([PROMPTS[0]] * 64, sampling=params)]
+        for engine in (base, spec)
+    )
+    for i in (1, 2):
+        plain_draws, spec_draws = [t[i] for t in plain_runs], [t[i] for t in spec_runs]
+        top = [t for t, _ in Counter(plain_draws).most_common(4)]
+        assert len(top) == 4  # a spread distribution, or the test could tell nothing apart
+
+        def counts(draws: list[int], top: list[int] = top) -> list[int]:
+            return [draws.count(t) for t in top] + [sum(d not in top for d in draws)]
+
+        assert _chi_square(counts(plain_draws), counts(spec_draws)) < 18.47  # df 4, p = 0.001
 
 
 def test_stops_and_max_tokens_inside_an_accepted_run_end_exactly_there(engines):
