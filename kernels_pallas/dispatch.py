@@ -40,8 +40,7 @@ PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
 MODES = ("pallas", "native", "reference", "interpret")
 REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no kernel does
 NATIVE_MATMUL_MIN_COLUMNS = 128
-# A speculative verify step's positions per row, at most: its attention runs as one-token rows
-# of the native decode kernel. Prefill chunks are never this short (`MIN_PREFILL_BUCKET`).
+# A verify step's positions per row, at most (prefill chunks are never this short).
 VERIFY_TOKENS = 8
 
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -135,41 +134,16 @@ def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., 
     per device over its heads under `head_parallel.across`; None where the reference runs:
     prefill, other page dtypes, or a mesh whose devices' query heads would span several KV heads
     (the partitioner would gather the pages around the kernel). A speculative verify step's few
-    positions per row run as rows of their own (`_per_position`)."""
+    positions per row run as rows of their own (`per_position`)."""
     tokens = q.shape[1]
     if tokens > VERIFY_TOKENS or jnp.dtype(k_pages.dtype) not in attention_native.HANDLERS:
         return None
-    mesh = head_parallel.current()
-    kernel = attention_native.decode
+    kernel, mesh = attention_native.decode, head_parallel.current()
     if mesh is not None:
         if not head_parallel.kv_heads_split(mesh, q.shape[2], k_pages.shape[2]):
             return None
         kernel = head_parallel.attention(attention_native.decode, mesh)
-    return kernel if tokens == 1 else functools.partial(_per_position, kernel)
-
-
-def _per_position(
-    kernel: Callable[..., jax.Array],
-    q: jax.Array,
-    k_pages: jax.Array,
-    v_pages: jax.Array,
-    page_table: jax.Array,
-    positions: jax.Array,
-    **scales: jax.Array | None,
-) -> jax.Array:
-    """Attention of q [B, T, H, D] as B * T one-token rows, each over its row's pages up to its
-    own position: causal within the row, since its new K/V are written before it attends. The
-    keys are read once per position, which pays for a verify step's few (not a prefill's)."""
-    b, t = q.shape[:2]
-    out = kernel(
-        q.reshape(b * t, 1, *q.shape[2:]),
-        k_pages,
-        v_pages,
-        jnp.repeat(page_table, t, axis=0),
-        positions.reshape(b * t, 1),
-        **scales,
-    )
-    return out.reshape(b, t, *out.shape[2:])
+    return kernel if tokens == 1 else functools.partial(attention_native.per_position, kernel)
 
 
 def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:

@@ -140,7 +140,7 @@ def assemble(
             runner.compiles,
         )
         policy = SpeculationPolicy(config.speculative.speculative_adaptive)
-        speculation = Speculation(runner, drafter, allocator, max_len, policy)
+        speculation = Speculation(runner, drafter, allocator, max_len, policy, interval)
     stepper = Stepper(runner, scheduler, reuse, tokenizer, max_len, speculation)
     return Parts(
         config=config,

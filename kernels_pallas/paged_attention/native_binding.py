@@ -9,6 +9,8 @@ it reads them. This module imports nothing from flipjax.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -63,3 +65,27 @@ def decode(
         positions[:, 0].astype(jnp.int32),
     )
     return out[:, None].astype(q.dtype)
+
+
+def per_position(
+    kernel: Callable[..., jax.Array],
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    page_table: jax.Array,
+    positions: jax.Array,
+    **scales: jax.Array | None,
+) -> jax.Array:
+    """Attention of q [B, T, H, D] as B * T one-token rows, each over its row's pages up to its
+    own position: causal within the row, since its new K/V are written before it attends. The
+    keys are read once per position, which pays for a verify step's few (not a prefill's)."""
+    b, t = q.shape[:2]
+    out = kernel(
+        q.reshape(b * t, 1, *q.shape[2:]),
+        k_pages,
+        v_pages,
+        jnp.repeat(page_table, t, axis=0),
+        positions.reshape(b * t, 1),
+        **scales,
+    )
+    return out.reshape(b, t, *out.shape[2:])

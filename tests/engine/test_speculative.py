@@ -221,3 +221,14 @@ def test_the_adaptive_policy_switches_ways_mid_run_and_keeps_every_token(engines
     s = adaptive.stats().speculative
     assert s.verify_rows > 0 and s.plain_steps > 0 and s.switches > 0  # both ways measured
     assert_pools_returned(adaptive)
+
+
+def test_a_verify_step_stops_at_each_gdn_grid_point_so_its_state_is_cached():
+    """The device prefix cache keeps GDN states on a grid (every 16 tokens here): a verify step
+    never runs past a grid point, so a speculating request leaves a state at every one it
+    passed, as decoding token by token does."""
+    engine = speculative(3, gdn_checkpoint_interval=16)
+    [out] = engine.generate([PROMPTS[2]], max_new_tokens=70)
+    computed = len(out.prompt_token_ids) + len(out.token_ids) - 1  # the last token is not fed
+    assert parts(engine).prefix_cache.num_states == computed // 16
+    assert engine.stats().speculative.accepted > 0

@@ -84,12 +84,23 @@ def lowered(mode: str, *args: jax.Array) -> str:
         return jax.jit(lambda *a: dispatch.paged_attention(*a)).lower(*args).as_text()
 
 
-def test_native_mode_takes_decode_and_leaves_prefill_to_the_reference():
+def test_native_mode_takes_decode_and_verify_steps_and_leaves_prefill_to_the_reference():
     q, k, v, table, positions = case(jnp.float32, 2, 3, 64)
-    two = jnp.concatenate([q, q], axis=1)
+    rows, tokens = q.shape[0], dispatch.VERIFY_TOKENS
+    verify = jnp.concatenate([q] * tokens, axis=1)
+    at = jnp.where(positions >= 0, positions + jnp.arange(tokens), -1)  # each row's next few
+    prefill = jnp.concatenate([q] * 16, axis=1)
+    prefill_at = jnp.where(positions >= 0, positions + jnp.arange(16), -1)
     assert "flipjax_paged_decode" in lowered("native", q, k, v, table, positions)
-    assert "flipjax_paged_decode" not in lowered("native", two, k, v, table, positions)
+    assert "flipjax_paged_decode" in lowered("native", verify, k, v, table, at)
+    assert "flipjax_paged_decode" not in lowered("native", prefill, k, v, table, prefill_at)
     assert "flipjax_paged_decode" not in lowered("reference", q, k, v, table, positions)
+    # A verify step's positions attend causally within their row, as the reference's do.
+    want = paged_attention_reference(verify, k, v, table, at)
+    with dispatch.kernels("native"):
+        got = jax.jit(lambda *a: dispatch.paged_attention(*a))(verify, k, v, table, at)
+    assert got.shape == (rows, tokens, *q.shape[2:])
+    np.testing.assert_allclose(got[:-1], want[:-1], rtol=1e-5, atol=1e-5)
 
 
 def test_each_device_attends_with_its_own_heads_under_a_mesh():
