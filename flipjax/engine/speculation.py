@@ -65,6 +65,7 @@ class Speculation:
         allocator: Allocator,
         max_model_len: int,
         policy: SpeculationPolicy,
+        gdn_interval: int,
     ):
         self.runner = runner
         self.policy = policy
@@ -73,6 +74,7 @@ class Speculation:
         self.allocator = allocator
         self.num_steps = drafter.num_steps
         self.max_model_len = max_model_len
+        self.gdn_interval = gdn_interval
         self.counters: Counter[str] = Counter()  # verify rows, drafted, accepted tokens
         self.accept_lengths: Counter[int] = Counter()  # tokens a row took in one step
         self.drafted_at = [0] * self.num_steps  # drafts checked at each draft position
@@ -163,12 +165,15 @@ class Speculation:
 
     def _allowance(self, seq: Sequence) -> int:
         """How many of `seq`'s drafts this step may check: none with a grammar; no more than
-        its tokens left allow past the pending one, nor its context; no more than it has draft
-        slots and pages for (taken here, when free)."""
+        its tokens left allow past the pending one, nor its context; none past the next GDN
+        grid point, so that a step that reaches it ends there and its state is published
+        (`PrefixReuse.publish` keeps states on the grid); no more than it has draft slots and
+        pages for (taken here, when free)."""
         if seq.grammar is not None or not seq.drafts:
             return 0
         left = min(seq.max_tokens - len(seq.output_ids), self.max_model_len - seq.num_tokens + 1)
-        k = max(0, min(len(seq.drafts), self.num_steps, left - 1))
+        to_grid = self.gdn_interval - seq.num_computed % self.gdn_interval
+        k = max(0, min(len(seq.drafts), self.num_steps, left - 1, to_grid - 1))
         missing = k - len(seq.draft_slots)
         if missing > 0 and not self.allocator.take_draft_slots(seq, missing):
             k = len(seq.draft_slots)
