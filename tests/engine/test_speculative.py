@@ -116,11 +116,16 @@ def test_stops_and_max_tokens_inside_an_accepted_run_end_exactly_there(engines):
             SamplingParams.greedy().replace(max_tokens=40, stop_token_ids=[ids[9]]),
             SamplingParams.greedy().replace(max_tokens=40, stop=[text[len(text) // 2 :][:3]]),
             SamplingParams.greedy().replace(max_tokens=13, logprobs=2),
+            SamplingParams.greedy().replace(max_tokens=9, prompt_logprobs=2),
         ]
         for params in cases:
             [a] = base.generate([out.prompt_token_ids], sampling=params)
             [b] = spec.generate([out.prompt_token_ids], sampling=params)
             assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, a.finish_reason)
+            if params.prompt_logprobs:  # scored while prefilling, which also feeds the head
+                for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+                    assert x.token_id == y.token_id
+                    np.testing.assert_allclose(x.logprob, y.logprob, atol=1e-4)
             if params.logprobs:
                 for x, y in zip(a.logprobs, b.logprobs, strict=True):
                     assert x.token_id == y.token_id
