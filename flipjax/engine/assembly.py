@@ -135,7 +135,6 @@ def assemble(
             config.speculative.draft_tokens,
             ec.num_pages,
             ec.page_size,
-            runner.table_width,
             runner.kernels,
             runner.compiles,
         )

@@ -32,8 +32,6 @@ from flipjax.runtime.paged import PagedKV
 from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch, head_parallel
 
-MAX_SPECULATIVE_STEPS = 4  # sglang's MTP setting goes this far; more drafts rarely survive
-
 
 class Drafter:
     def __init__(
@@ -45,16 +43,11 @@ class Drafter:
         num_steps: int,
         num_pages: int,
         page_size: int,
-        table_width: int,
         kernels: str,
         compiles: CompileCounter,
     ):
         """`head`: the loaded MTP head; `parts` and `params`: the model's (the embedding and
-        head are copied from them); `num_steps`: drafts per row (K)."""
-        if not 1 <= num_steps <= MAX_SPECULATIVE_STEPS:
-            raise ValueError(
-                f"speculative_num_steps: {num_steps} is out of range [1, {MAX_SPECULATIVE_STEPS}]"
-            )
+        head are copied from them); `num_steps`: drafts per row (K, checked by the config)."""
         if len(head.layers) != 1:
             raise ValueError(
                 f"speculative decoding: the MTP head has {len(head.layers)} layers; one is "
@@ -63,8 +56,6 @@ class Drafter:
         self.device = jax.devices()[0]
         self.mesh = Mesh(np.array([self.device]), ("tp",))
         self.num_steps = num_steps
-        self.page_size = page_size
-        self.table_width = table_width
         self.kernels = kernels
         self.compiles = compiles
         graphdef, head_params = nnx.split(head)
@@ -81,11 +72,6 @@ class Drafter:
     def _zeros(self, num_pages: int) -> KVPages:
         zeros = jnp.zeros((num_pages, *self._kv_shape), self._dtype, device=self.device)
         return KVPages(zeros, jnp.zeros_like(zeros))
-
-    @property
-    def nbytes(self) -> int:
-        """Device bytes the drafter holds beyond the model: its pages and weight copies."""
-        return sum(x.nbytes for x in jax.tree.leaves((self.kv, self._params)))
 
     def fit(self, num_pages: int) -> None:
         """Pages for a pool of `num_pages` (a flip resized the model's: the page ids were
