@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 
-from kernels_pallas import head_parallel, native
+from kernels_pallas import head_parallel, native, step_rows
 from kernels_pallas.gdn import native_binding as gdn_native
 from kernels_pallas.gdn import reference as gdn_reference
 from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel
@@ -202,7 +202,7 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
         return None
     if columns < NATIVE_MATMUL_MIN_COLUMNS or jnp.dtype(dtype) not in matmul_native.HANDLERS:
         return None
-    if rows not in matmul_calibration.native_rows(dtype):
+    if step_rows.decode_rows(rows) not in matmul_calibration.native_rows(dtype):
         return None
     return functools.partial(matmul_native.matmul, matmul_native.targets())
 
@@ -249,7 +249,7 @@ def int8_matmul(rows: int, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array],
     XLA's matvec streams as fast as it on full-precision weights (one row).
     """
     calibrated = matmul_calibration.native_rows(dtype) if dtype in matmul_native.HANDLERS else ()
-    if rows <= max(calibrated, default=1):
+    if step_rows.decode_rows(rows) <= max(calibrated, default=1):
         targets = matmul_native.targets()
         return lambda x, q: matmul_native.matmul(targets, x.astype(jnp.float32), q)
     return xla_int8_matmul

@@ -29,7 +29,7 @@ from flipjax.model.gated_deltanet import GDNState, causal_conv
 from flipjax.runtime.cache import GDNSlots, KVPages
 from flipjax.runtime.chained_gdn import ChainedGDN
 from flipjax.runtime.stages import ModelParts, StageParams, StageSpan, stage_forward
-from kernels_pallas import dispatch, head_parallel
+from kernels_pallas import dispatch, head_parallel, step_rows
 from kernels_pallas.paged_attention.pages import write_pages
 
 
@@ -159,7 +159,9 @@ def stage_step(
             else:
                 caches.append(PooledGDN(slots.recurrent, reads, slot_ids, conv))
     scoring = score is not None and span.last
-    with dispatch.kernels(kernels), head_parallel.across(mesh):
+    # A verify step's matmuls take the paths its decode step takes (`step_rows`).
+    per_row = step_rows.positions_per_row(x.shape[1] if verify else 1)
+    with dispatch.kernels(kernels), head_parallel.across(mesh), per_row:
         out, new_caches = stage_forward(
             parts,
             span,
