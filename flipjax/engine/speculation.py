@@ -50,7 +50,7 @@ class Steps(Protocol):
 
     def row(self, seq: Sequence, ahead: list[int]) -> SamplerRow: ...
 
-    def take(self, seq: Sequence, out: SamplerOutputs, i: int) -> None: ...
+    def take(self, seq: Sequence, out: SamplerOutputs, i: int, token: int | None) -> None: ...
 
     def publish(self, seq: Sequence, start: int) -> bool: ...
 
@@ -188,8 +188,9 @@ class Speculation:
         while agreed < k and int(out.tokens[at + agreed]) == seq.drafts[agreed]:
             agreed += 1
         start, taken = seq.num_computed, 0
-        for i in range(agreed + 1):
-            steps.guard(seq, "detokenizing", functools.partial(steps.take, seq, out, at + i))
+        for i in range(agreed + 1):  # the drafts agreed with, then the model's own draw
+            draft = seq.drafts[i] if i < agreed else None
+            steps.guard(seq, "detokenizing", functools.partial(steps.take, seq, out, at + i, draft))
             taken += 1
             if seq.error is not None or seq.finish_reason is not None:
                 break
