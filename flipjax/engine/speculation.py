@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flipjax.engine.faults import Faults
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.speculation_policy import SpeculationPolicy
 from flipjax.engine.stats import SpeculativeStats
@@ -48,13 +49,13 @@ from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
 class Steps(Protocol):
     """What speculation uses of the engine's stepper (`flipjax.engine.step.Stepper`)."""
 
+    faults: Faults  # a request's own failure fails it alone
+
     def row(self, seq: Sequence, ahead: list[int]) -> SamplerRow: ...
 
     def take(self, seq: Sequence, out: SamplerOutputs, i: int, token: int | None) -> None: ...
 
     def publish(self, seq: Sequence, start: int) -> bool: ...
-
-    def guard(self, seq: Sequence, what: str, action: functools.partial) -> object: ...
 
 
 class Speculation:
@@ -98,7 +99,8 @@ class Speculation:
             for i in range(width):
                 row = None
                 if i <= k and s.error is None:
-                    row = steps.guard(s, "sampling", functools.partial(steps.row, s, s.drafts[:i]))
+                    ahead = functools.partial(steps.row, s, s.drafts[:i])
+                    row = steps.faults.guard(s, "sampling", ahead)
                 sampler_rows.append(row)
         with self.runner.compiles.watch():
             flat = _rows_of(logits)
@@ -190,7 +192,8 @@ class Speculation:
         start, taken = seq.num_computed, 0
         for i in range(agreed + 1):  # the drafts agreed with, then the model's own draw
             draft = seq.drafts[i] if i < agreed else None
-            steps.guard(seq, "detokenizing", functools.partial(steps.take, seq, out, at + i, draft))
+            take = functools.partial(steps.take, seq, out, at + i, draft)
+            steps.faults.guard(seq, "detokenizing", take)
             taken += 1
             if seq.error is not None or seq.finish_reason is not None:
                 break

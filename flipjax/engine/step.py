@@ -122,10 +122,6 @@ class Stepper:
                 spec.after_plain_step(plan.decode, time.perf_counter() - t0)
         return finished
 
-    def guard(self, seq: Sequence, what: str, action: functools.partial) -> object:
-        """`action`'s result; an exception fails `seq` alone (`Faults.guard`)."""
-        return self.faults.guard(seq, what, action)
-
     def publish(self, seq: Sequence, start: int) -> bool:
         """Publish `seq`'s pages computed from `start`; False if that failed it."""
         self.faults.guard(seq, "publishing", functools.partial(self.reuse.publish, seq, start))
