@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from flipjax.model import tiny_cache
 from flipjax.model.config import ModelConfig, interleaved_layer_types
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import ByteTokenizer
@@ -59,17 +60,27 @@ def tiny_model(dtype: jnp.dtype) -> Qwen3NextForCausalLM:
 
 @functools.lru_cache(maxsize=2)
 def _tiny_weights(dtype: str) -> tuple[nnx.GraphDef, Any, tuple[np.ndarray, ...]]:
-    """The seeded weights on the host, made once per process and dtype: every engine, server
-    and test that asks for `tiny` would otherwise pay the initializers' dispatches (about a
-    second each)."""
-    model = Qwen3NextForCausalLM(tiny_config(), dtype=jnp.dtype(dtype), rngs=nnx.Rngs(TINY_SEED))
+    """The seeded weights on the host, made once per process and dtype (and kept on disk from
+    one process to the next: `tiny_cache`); every engine, server and test that asks for `tiny`
+    would otherwise pay the initializers' dispatches."""
+    shapes = nnx.eval_shape(lambda: _seeded_module(dtype))
+    graphdef, state = nnx.split(shapes)
+    abstract, treedef = jax.tree_util.tree_flatten(state)
+    leaves = tiny_cache.cached_leaves(dtype, TINY_SEED, abstract, lambda: _make_leaves(dtype))
+    return graphdef, treedef, tuple(leaves)
+
+
+def _seeded_module(dtype: str) -> Qwen3NextForCausalLM:
+    return Qwen3NextForCausalLM(tiny_config(), dtype=jnp.dtype(dtype), rngs=nnx.Rngs(TINY_SEED))
+
+
+def _make_leaves(dtype: str) -> list[np.ndarray]:
+    leaves = jax.tree_util.tree_leaves(nnx.state(_seeded_module(dtype)))
     # Norm weights start at 0 (or 1); perturb every parameter so a norm bug cannot hide.
-    graphdef, state = nnx.split(model)
-    leaves, treedef = jax.tree_util.tree_flatten(state)
     keys = jax.random.split(jax.random.PRNGKey(TINY_SEED + 1), len(leaves))
     leaves = [
         (x + 0.05 * jax.random.normal(k, x.shape, jnp.float32)).astype(x.dtype)
         for x, k in zip(leaves, keys, strict=True)
     ]
     # Copied out: on the CPU `np.asarray` is a view that keeps the device buffer alive.
-    return graphdef, treedef, tuple(np.array(x, copy=True) for x in leaves)
+    return [np.array(x, copy=True) for x in leaves]
