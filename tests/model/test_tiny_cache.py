@@ -82,7 +82,7 @@ def test_another_dtype_seed_or_model_source_is_another_file(folder, tmp_path, mo
     assert changed.calls == 1
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "shape", "extra", "missing"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "shape", "width", "extra", "missing"])
 def test_a_file_that_does_not_match_is_made_anew_and_rewritten(folder, damage):
     tiny_cache.cached_leaves("float32", 0, _abstract(), Maker())
     (path,) = folder.glob("*.npz")
@@ -95,6 +95,8 @@ def test_a_file_that_does_not_match_is_made_anew_and_rewritten(folder, damage):
     else:
         if damage == "shape":
             bits["w0"] = bits["w0"].reshape(4, 3)
+        elif damage == "width":  # the bfloat16 leaf's 16-bit words widened to 32
+            bits["w1"] = bits["w1"].astype(np.uint32)
         elif damage == "extra":
             bits["w9"] = bits["w0"]
         else:
