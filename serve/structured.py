@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flipjax.runtime.constraint import TokenConstraint
+from flipjax.runtime.grammar import GrammarBusy, GrammarCompiler
 from serve.errors import APIError, bad_request, refusal
 from serve.protocol.sampling import SamplingFields
 from serve.state import ServerState
-
-if TYPE_CHECKING:
-    from flipjax.runtime.grammar import GrammarCompiler
 
 Spec = tuple[str, Any, str]  # (kind, spec, the request field it came from)
 
@@ -57,8 +55,6 @@ def specs_of(req: SamplingFields) -> list[Spec]:
 async def compile_spec(state: ServerState, spec: Spec) -> Callable[[], TokenConstraint]:
     """A maker of fresh constraints (one per request) for `spec`, compiled off the loop."""
     compiler = await _compiler(state)
-    from flipjax.runtime.grammar import GrammarBusy  # loaded by `_compiler`
-
     field = spec[2]
     try:
         # The compile runs on in the compiler's threads if this request gives up on it: its
@@ -97,7 +93,7 @@ async def _compiler(state: ServerState) -> GrammarCompiler:
             info = state.info
             try:
                 state.grammars = await asyncio.to_thread(
-                    _new_compiler,
+                    GrammarCompiler,
                     info.tokenizer,
                     info.model.vocab_size,
                     state.config.any_whitespace,
@@ -105,11 +101,3 @@ async def _compiler(state: ServerState) -> GrammarCompiler:
             except ValueError as err:
                 raise refusal(err) from None
         return state.grammars
-
-
-def _new_compiler(*args: Any) -> GrammarCompiler:
-    """Servers load xgrammar (and torch with it, about 2.5 s) here, on the first structured
-    request and off the event loop, as vLLM does, rather than at every start."""
-    from flipjax.runtime.grammar import GrammarCompiler
-
-    return GrammarCompiler(*args)

@@ -26,7 +26,7 @@ from flipjax.engine.engine import Engine
 from flipjax.model.config import ModelConfig
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import ByteTokenizer
-from flipjax.runtime.grammar import GrammarCompiler, xgr
+from flipjax.runtime.grammar import GrammarCompiler, xgrammar
 from flipjax.runtime.sampler import bitmask_words
 from flipjax.runtime.sampling import SamplingParams
 
@@ -79,6 +79,7 @@ def structured(engine: Engine, batch: int, tokens: int, rounds: int) -> None:
 def fill_at_scale(vocab_size: int = 151936, steps: int = 64) -> None:
     """The host cost that grows with the vocabulary: compiling a JSON schema and filling one
     row's mask each step, over a synthetic vocabulary the size of Qwen3's."""
+    xgr = xgrammar()
     rng = random.Random(0)
     vocab = [bytes([i]) for i in range(256)] + [
         bytes(rng.choices(range(32, 127), k=rng.randint(2, 8))) for _ in range(vocab_size - 256)

@@ -10,21 +10,23 @@ allows next (never one that breaks UTF-8: `utf8_guard`), and it advances past th
 the sampler chose. Once the grammar is complete only the stop tokens are allowed (for a model
 without one, the grammar's completion ends the request).
 
-xgrammar imports torch, so only the server imports this module; the engine sees the protocol in
+xgrammar imports torch, so it loads on the first compiler made (`xgrammar()`), and only the
+server imports this module; the engine sees the protocol in
 `flipjax.runtime.constraint`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
 from collections import Counter, OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from transformers import PreTrainedTokenizerFast
 
 from flipjax.model.tokenizer import ByteTokenizer, CheckpointTokenizer, Tokenizer
 from flipjax.runtime.fault_handlers import fatal_signal_handlers_kept
@@ -32,10 +34,10 @@ from flipjax.runtime.json_schema import prepare_schema
 from flipjax.runtime.sampler import bitmask_words
 from flipjax.runtime.utf8_guard import Utf8Guard
 
-# The one place flipjax loads xgrammar (`xgr` is imported from here), so that a fault in the
-# process still ends it with a report instead of a hang (see `fault_handlers`).
-with fatal_signal_handlers_kept():
+if TYPE_CHECKING:
     import xgrammar as xgr
+
+_loading = threading.Lock()
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 # A string character in xgrammar's EBNF for minLength/maxLength strings, and in its own
@@ -52,8 +54,20 @@ MAX_SPEC_DEPTH = 64
 MAX_PENDING_COMPILES = 16
 
 
+@functools.cache
+def xgrammar() -> ModuleType:
+    """xgrammar, loaded on first use: it brings torch, about 2.5 s that a server start or an
+    engine without structured output should not pay. The one place flipjax loads it, so that a
+    fault in the process still ends it with a report instead of a hang (`fault_handlers`)."""
+    with _loading, fatal_signal_handlers_kept():
+        import xgrammar
+
+    return xgrammar
+
+
 def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
     """The vocabulary as xgrammar sees it: every token id's bytes, and the stop tokens."""
+    xgr = xgrammar()
     stop = sorted(tokenizer.eos_token_ids) or None
     if isinstance(tokenizer, ByteTokenizer):
         # Byte ids are themselves; special tokens are empty strings, never allowed by a grammar.
@@ -62,6 +76,8 @@ def tokenizer_info(tokenizer: Tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
             vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stop
         )
     if isinstance(tokenizer, CheckpointTokenizer):
+        from transformers import PreTrainedTokenizerFast
+
         fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend)
         return xgr.TokenizerInfo.from_huggingface(fast, vocab_size=vocab_size, stop_token_ids=stop)
     raise ValueError("response_format: structured output needs the checkpoint's tokenizer.json")
@@ -130,7 +146,7 @@ class GrammarCompiler:
         self.stop_free = tokenizer.eos_token_id is None
         self.capacity = capacity
         info = tokenizer_info(tokenizer, vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=threads)
+        self._compiler = xgrammar().GrammarCompiler(info, max_threads=threads)
         self.guard = Utf8Guard(info.decoded_vocab, vocab_size)
         self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
@@ -209,7 +225,7 @@ class GrammarCompiler:
     def _compile(self, kind: str, spec: Any) -> xgr.CompiledGrammar:
         c = self._compiler
         if kind == "json":
-            grammar = xgr.Grammar.from_json_schema(
+            grammar = xgrammar().Grammar.from_json_schema(
                 json.dumps(prepare_schema(spec)), any_whitespace=self.any_whitespace
             )
             # xgrammar's length-bounded strings admit raw control characters, which strict
@@ -228,7 +244,7 @@ class GrammarCompiler:
         return c.compile_structural_tag(spec if isinstance(spec, str) else json.dumps(spec))
 
     def constraint(self, compiled: xgr.CompiledGrammar) -> GrammarConstraint:
-        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=self.stop_free)
+        matcher = xgrammar().GrammarMatcher(compiled, terminate_without_stop_token=self.stop_free)
         return GrammarConstraint(matcher, self.vocab_size, self.guard)
 
 

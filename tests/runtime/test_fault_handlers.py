@@ -17,7 +17,8 @@ import pytest
 _PROGRAM = """
 import ctypes, faulthandler
 faulthandler.enable()
-import flipjax.runtime.grammar  # loads xgrammar, and with it apache-tvm-ffi
+import flipjax.runtime.grammar
+flipjax.runtime.grammar.xgrammar()  # loads xgrammar, and with it apache-tvm-ffi
 import jax, jax.numpy as jnp
 
 libc = ctypes.CDLL(None)
