@@ -6,21 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from fastapi import Request
 
 from flipjax.config.tree import ServeConfig
 from flipjax.engine.stats import EngineInfo
+from flipjax.runtime.grammar import GrammarCompiler
 from serve.chat_template import ChatTemplate
 from serve.engine_loop import EngineLoop
 from serve.errors import APIError
 from serve.metrics import Metrics
 from serve.store_control import StoreControl
 from store.tiered import TieredStore
-
-if TYPE_CHECKING:  # xgrammar (and torch with it) loads on the first structured request
-    from flipjax.runtime.grammar import GrammarCompiler
 
 
 @dataclass
