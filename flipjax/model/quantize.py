@@ -46,21 +46,32 @@ SPLITS = {
     "down_proj": "in",
 }
 EXPERT_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+_BLOCK_ELEMENTS = 1 << 18  # a quantizing block: 1 MiB of fp32
 
 
 def quantize_int8(w: np.ndarray | jax.Array) -> tuple[np.ndarray, np.ndarray]:
     """w [..., in, out] -> (q int8 [..., in, out], scale float32 [..., out]), per output
-    channel: w ~= q * scale. Quantized on the host, where the loader leaves the weights."""
+    channel: w ~= q * scale. Quantized on the host, where the loader leaves the weights, a
+    block of input rows at a time: the fp32 temporaries of a whole weight, several times its
+    int8 size, would otherwise be what a load's peak memory holds beyond the weights."""
     if isinstance(w, jax.Array) and not w.is_fully_addressable:
         raise ValueError(
             "quantization: a weight restored across processes cannot be quantized on this "
             "host; serve the HF checkpoint folder (each process reads and quantizes it whole) "
             "or a checkpoint stored int8"
         )
-    wf = np.asarray(w, dtype=np.float32)
-    peak = np.max(np.abs(wf), axis=-2)
+    w = np.asarray(w)
+    *lead, rows, cols = w.shape
+    step = max(1, _BLOCK_ELEMENTS // max(cols, 1))
+    blocks = [(i, slice(r, r + step)) for i in np.ndindex(*lead) for r in range(0, rows, step)]
+    peak = np.zeros((*lead, cols), np.float32)
+    for i, r in blocks:
+        np.maximum(peak[i], np.max(np.abs(w[i][r].astype(np.float32)), axis=0), out=peak[i])
     scale = np.where(peak > 0, peak / INT8_MAX, 1.0).astype(np.float32)
-    q = np.clip(np.rint(wf / scale[..., None, :]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    q = np.empty(w.shape, np.int8)
+    for i, r in blocks:
+        block = np.rint(w[i][r].astype(np.float32) / scale[i])
+        q[i][r] = np.clip(block, -INT8_MAX, INT8_MAX)
     return q, scale
 
 

@@ -21,7 +21,7 @@ from flax import nnx
 from safetensors import safe_open
 from tqdm import tqdm
 
-from flipjax.model import int8_checkpoint
+from flipjax.model import int8_checkpoint, tensor_rows
 from flipjax.model.config import ModelConfig
 from flipjax.model.scale_names import scale_name
 
@@ -85,6 +85,16 @@ class _Reader:
         """Tensor `name` (transposed: a 2-D one) into `out`, cast to its dtype a block of rows
         at a time: a large tensor (an embedding, the head) is never held whole in the file's
         precision beside its copy in the model's."""
+        rows = tensor_rows.open_rows(self.files[name], name)
+        if rows is not None and len(rows.shape) >= 2:  # read by offset: no mapped file pages
+            step = max(1, _BLOCK_BYTES // (out.itemsize * math.prod(rows.shape[1:])))
+            for first, block in rows.blocks(step):
+                last = first + len(block)
+                if transpose:
+                    out[:, first:last] = block.T
+                else:
+                    out[first:last] = block
+            return
         with safe_open(self.files[name], framework="np") as f:
             tensor = f.get_slice(name)
             shape = tuple(tensor.get_shape())
