@@ -53,6 +53,21 @@ def test_each_output_channel_is_rounded_to_its_own_step():
     assert np.all((peak == 127) | (peak == 0)) and peak[1, 5] == 0 and np.all(q[1, :, 5] == 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_a_weight_of_many_blocks_is_rounded_as_torch_rounds_it_whole(dtype):
+    """Quantized a block of input rows at a time, exactly as the whole weight at once."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(2, 1500, 700)) * rng.uniform(0.01, 10, (2, 1, 700))
+    w = jnp.asarray(w, dtype)  # 2 x 2 blocks of input rows
+    q, scale = quantize_int8(np.asarray(w))
+    t = torch.from_numpy(np.asarray(w, np.float32)).transpose(-1, -2)  # [E, out, in]
+    want_scale = t.abs().amax(dim=-1) / 127
+    want_scale = torch.where(want_scale > 0, want_scale, torch.ones_like(want_scale))
+    want_q = torch.clamp(torch.round(t / want_scale[..., None]), -127, 127).to(torch.int8)
+    assert np.array_equal(scale, want_scale.numpy())
+    assert np.array_equal(q, want_q.transpose(-1, -2).numpy())
+
+
 def _rounded(w: torch.Tensor) -> torch.Tensor:
     scale = w.abs().amax(dim=-1, keepdim=True) / 127
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
