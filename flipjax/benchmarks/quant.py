@@ -35,7 +35,13 @@ from typing import Any
 import numpy as np
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure
-from flipjax.benchmarks.quant_quality import kl, lm_eval_loglikelihoods, prompt_logits, task_rows
+from flipjax.benchmarks.quant_quality import (
+    held_out_windows,
+    kl,
+    lm_eval_loglikelihoods,
+    prompt_logits,
+    task_rows,
+)
 
 VARIANTS: dict[str, dict[str, str]] = {
     "int8 weights": dict(quantization="int8"),
@@ -47,6 +53,12 @@ VARIANTS: dict[str, dict[str, str]] = {
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m flipjax.bench quant", description=__doc__)
+    p.add_argument(
+        "--model",
+        help="a checkpoint folder or shipped name (flipjax-py: trained, so its greedy choices "
+        "are not near-ties); its prompts are windows of the training corpus's held-out files. "
+        "Default: the engine benchmark's random 133M model and random-token prompts",
+    )
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--prompts", type=int, default=8)
@@ -56,6 +68,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kv-context", type=int, default=4096)
     p.add_argument("--kv-batch-sizes", default="1,8,32")
     args = p.parse_args(argv)
+    if args.model is not None:
+        from flipjax.model.shipped import resolve
+
+        _run(args, Path(resolve(args.model)))
+        return
     try:
         import torch
         from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -144,9 +161,14 @@ def load_peak(folder: str, dtype: str, quantization: str) -> int:
 def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: str) -> None:
     from flipjax import SamplingParams
 
-    rng = np.random.default_rng(0)
-    vocab = REFERENCE_CONFIG["vocab_size"]
-    prompts = [list(map(int, rng.integers(0, vocab, args.prompt_len))) for _ in range(args.prompts)]
+    vocab = engines[base_name].info.model.vocab_size
+    if args.model is None:
+        rng = np.random.default_rng(0)
+        prompts = [
+            list(map(int, rng.integers(0, vocab, args.prompt_len))) for _ in range(args.prompts)
+        ]
+    else:
+        prompts = held_out_windows(engines[base_name].info.tokenizer, args.prompts, args.prompt_len)
     greedy = SamplingParams(temperature=0, max_tokens=args.agree_tokens, ignore_eos=True)
     rows = task_rows(vocab)
     logits, runs, scores = {}, {}, {}
@@ -192,7 +214,7 @@ def _weight_speed(args: argparse.Namespace, engines: dict, base_name: str, batch
     from flipjax import SamplingParams
 
     rng = np.random.default_rng(1)
-    vocab = REFERENCE_CONFIG["vocab_size"]
+    vocab = engines[base_name].info.model.vocab_size
     print(f"weights, {args.prompt_len}-token prompts")
     print(f"{'batch':>5} {'variant':>16} {'prefill tok/s':>14} {'decode tok/s':>13}")
     for batch in batches:
@@ -217,7 +239,7 @@ def _weight_speed(args: argparse.Namespace, engines: dict, base_name: str, batch
 
 def _kv_speed(args: argparse.Namespace, engines: dict, base_name: str, batches: list) -> None:
     rng = np.random.default_rng(2)
-    vocab = REFERENCE_CONFIG["vocab_size"]
+    vocab = engines[base_name].info.model.vocab_size
     names = (base_name, "fp8 KV", "int8 KV")
     print(f"KV pages, decode at {args.kv_context} tokens of context")
     print(f"{'batch':>5} " + " ".join(f"{n:>18}" for n in names) + "   fp8 / base  int8 / base")

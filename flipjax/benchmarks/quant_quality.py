@@ -94,6 +94,22 @@ def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
 
 
+def held_out_windows(tokenizer: Any, count: int, length: int) -> list[list[int]]:
+    """`count` prompts of `length` tokens: the first window of each of the training corpus's
+    held-out files long enough for one (text the trained default saw the like of, never
+    these)."""
+    from flipjax.train import corpus
+
+    windows = []
+    for doc in corpus.load().held_out:
+        ids = tokenizer.encode(doc.text)
+        if len(ids) >= length:
+            windows.append(list(ids[:length]))
+        if len(windows) == count:
+            return windows
+    raise SystemExit(f"the held-out files give only {len(windows)} prompts of {length} tokens")
+
+
 def task_rows(vocab: int, count: int = 24, seed: int = 0) -> list[dict[str, Any]]:
     """Multiple-choice rows of random token ids spelled as words (the bench checkpoint has no
     tokenizer; `_encode` reads the words back as ids), four choices each."""
