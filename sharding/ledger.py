@@ -2,7 +2,8 @@
 device's budget, and how many KV pages each layout could hold within the budgets.
 
 Kinds: the weights, the KV pages, the GDN state slots (the device prefix cache's states
-included: they live in the same pools), the workspace (the largest temporary memory of any
+included: they live in the same pools), a speculative drafter's weights and KV pages (on the
+sampler's device), the workspace (the largest temporary memory of any
 step program compiled for the layout, from `compiled.memory_analysis()`) and the reserve (a
 share of the budget kept free for a flip's transfers and the allocator's slack). Bytes are read
 from the placed arrays' shardings, so the ledger says what the devices hold, not what a formula
@@ -23,9 +24,9 @@ from flipjax.runtime.placement import Placement
 from flipjax.runtime.workspace_probe import workspace
 from sharding.budgets import format_bytes, reserve
 from sharding.memory import bytes_per_device, held_bytes
-from sharding.pool_sizing import footprint, tightest
+from sharding.pool_sizing import Footprint, footprint, plus, tightest
 
-KINDS = ("weights", "kv_pages", "gdn_slots", "workspace", "reserve")
+KINDS = ("weights", "kv_pages", "gdn_slots", "drafter", "workspace", "reserve")
 
 
 @dataclass(frozen=True)
@@ -57,23 +58,29 @@ class Capacity:
 
 
 def account(
-    binding: Binding, budgets: Mapping[int, int] | None, work: Counter[int] | None = None
+    binding: Binding,
+    budgets: Mapping[int, int] | None,
+    work: Counter[int] | None = None,
+    drafter: Counter[int] | None = None,
 ) -> tuple[DeviceMemory, ...]:
     """The ledger of the binding's devices: what its placed weights and pools hold on each,
-    its compiled programs' workspace (`work`, when already read), and the reserve of each
-    budget."""
+    what a drafter holds (`drafter`, bytes by device id), its compiled programs' workspace
+    (`work`, when already read), and the reserve of each budget."""
     state = binding.state
     kinds = {
         "weights": held_bytes(binding.params),
         "kv_pages": held_bytes(state.kv),
         "gdn_slots": held_bytes(state.gdn),
+        "drafter": drafter if drafter is not None else Counter(),
         "workspace": work if work is not None else workspace(binding),
     }
+    ids = [device.id for device in binding.placement.devices]
+    ids += sorted(d for d, n in kinds["drafter"].items() if n and d not in ids)
     lines = []
-    for device in binding.placement.devices:
-        budget = None if budgets is None else budgets.get(device.id)
-        counts = {kind: held[device.id] for kind, held in kinds.items()}
-        lines.append(DeviceMemory(device.id, budget, counts | {"reserve": reserve(budget)}))
+    for device in ids:
+        budget = None if budgets is None else budgets.get(device)
+        counts = {kind: held[device] for kind, held in kinds.items()}
+        lines.append(DeviceMemory(device, budget, counts | {"reserve": reserve(budget)}))
     return tuple(lines)
 
 
@@ -84,6 +91,7 @@ def capacity(
     num_pages: int,
     page_size: int,
     own_work: Counter[int],
+    beside: Footprint | None = None,
 ) -> Capacity:
     """The KV pages `placement` could hold within `budgets`, beside what the binding's weights
     and GDN slots would take there (`sharding.pool_sizing`'s rule for one layout). The
@@ -96,6 +104,7 @@ def capacity(
     largest = max(own_work.values(), default=0)
     work = {d.id: compiled.get(d.id, largest) for d in placement.devices}
     held = footprint(placement, binding.cfg, binding.params, binding.state, num_pages, work)
+    held = plus(held, beside)
     if not any(held.page.values()):
         return none  # no attention layer: no pages to hold
     limit = tightest([placement], [held], budgets)
@@ -147,10 +156,14 @@ def report(
     num_pages: int,
     page_size: int,
     sizes: Mapping[str, int] | None = None,
+    drafter: tuple[Counter[int], Footprint] | None = None,
 ) -> MemoryReport:
     """The ledger and the capacities (the live layout first) between two steps; `sizes` is
     the pool each layout has where it differs from the live one's `num_pages` (its programs,
-    whose workspace counts, were compiled for that pool)."""
+    whose workspace counts, were compiled for that pool); `drafter`: what a speculative
+    drafter holds (bytes by device id) and its footprint (`pool_sizing.pool_pages`'s
+    `beside`)."""
+    held, beside = drafter if drafter is not None else (None, None)
     placements = [binding.placement]
     placements += [p for p in armed if p.key != binding.placement.key]
     own = workspace(binding)
@@ -159,8 +172,9 @@ def report(
         pages = (sizes or {}).get(p.name, num_pages)
         pools = resized(binding.state, pages)
         there = binding if pools is None else binding.rebind(p, binding.params, pools)
-        capacities.append(capacity(there, p, budgets, pages, page_size, own))
-    return MemoryReport(binding.placement.name, account(binding, budgets, own), tuple(capacities))
+        capacities.append(capacity(there, p, budgets, pages, page_size, own, beside))
+    ledger = account(binding, budgets, own, held)
+    return MemoryReport(binding.placement.name, ledger, tuple(capacities))
 
 
 def table(lines: tuple[DeviceMemory, ...], layout: str) -> str:

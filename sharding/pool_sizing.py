@@ -56,16 +56,19 @@ def pool_pages(
     budgets: Mapping[int, int] | None,
     cap: int | None,
     flips_hold_both: bool = False,
+    beside: Footprint | None = None,
 ) -> int:
     """The pool's page count for `placements` (the live one first) within `budgets`; `cap`
-    (`--num-pages`) when smaller, or when no device has a budget. BudgetError naming the
-    device and the layout or flip when a budget leaves no room for one page."""
+    (`--num-pages`) when smaller, or when no device has a budget. `beside`: what every layout
+    holds besides (a speculative drafter's weights, and its KV per page of the pool).
+    BudgetError naming the device and the layout or flip when a budget leaves no room for one
+    page."""
     if budgets is None or not _budgeted(placements, budgets):
         return cap if cap is not None else DEFAULT_NUM_PAGES
     # Without any workspace the pool could be at most this; the steps' temporaries are then
     # measured over a pool of that size (or of the cap's, which is then the engine's own).
     one = shape.pools(1)
-    free = [footprint(p, shape.cfg, params, one, 1, {}) for p in placements]
+    free = [plus(footprint(p, shape.cfg, params, one, 1, {}), beside) for p in placements]
     if not any(n for f in free for n in f.page.values()):
         return cap if cap is not None else DEFAULT_NUM_PAGES  # no attention layer: no pages
     bound = tightest(placements, free, budgets, flips_hold_both)
@@ -75,7 +78,8 @@ def pool_pages(
     probed = dataclasses.replace(shape, num_pages=probe_pages)
     work = [probe_workspace(graphdef, params, probed, p) for p in placements]
     prints = [
-        footprint(p, shape.cfg, params, one, 1, w) for p, w in zip(placements, work, strict=True)
+        plus(footprint(p, shape.cfg, params, one, 1, w), beside)
+        for p, w in zip(placements, work, strict=True)
     ]
     limit = tightest(placements, prints, budgets, flips_hold_both)
     if limit.pages < 1:
@@ -112,6 +116,14 @@ def footprint(
     return Footprint(fixed, page, work)
 
 
+def plus(held: Footprint, beside: Footprint | None) -> Footprint:
+    """`held` with what is held beside it (None: nothing) on the same devices or others."""
+    if beside is None:
+        return held
+    work = Counter(held.work) + Counter(beside.work)
+    return Footprint(held.fixed + beside.fixed, held.page + beside.page, work)
+
+
 def tightest(
     placements: Sequence[Placement],
     prints: Sequence[Footprint],
@@ -131,7 +143,9 @@ def tightest(
             page = sum(f.page[device] for f in footprints)
             if page == 0:
                 continue  # a device without attention layers here holds no pages
-            budget = budgets[device]
+            budget = budgets.get(device)
+            if budget is None:
+                continue  # a device outside every layout (a drafter's) without a budget
             work = max(f.work.get(device, 0) for f in footprints)
             room = budget - reserve(budget) - work - sum(f.fixed[device] for f in footprints)
             limits.append(Limit(max(0, room // page), what, device, room, page))

@@ -20,6 +20,7 @@ from flax import nnx
 from flipjax.config.engine import LayoutConfig
 from flipjax.config.tree import FlipjaxConfig
 from flipjax.engine.caches import Caches
+from flipjax.engine.drafter_memory import drafter_footprint
 from flipjax.engine.overlap import Overlap
 from flipjax.engine.pool_resize import PoolResize
 from flipjax.engine.prefix_reuse import PrefixReuse
@@ -48,7 +49,7 @@ from sharding.budgets import BudgetError, device_budgets, parse_size
 from sharding.flip import Layouts
 from sharding.layout import placement_for
 from sharding.ledger import overdraft
-from sharding.pool_sizing import DEFAULT_NUM_PAGES, pool_pages
+from sharding.pool_sizing import DEFAULT_NUM_PAGES, Footprint, pool_pages
 from store.checkpoints import CheckpointBook
 from store.prefix import PrefixStore
 
@@ -88,7 +89,8 @@ def assemble(
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
     model, draft_head = split_draft_head(model, draft_head, config.speculative.draft_tokens)
     graphdef, params = nnx.split(quantize_model(model, config.model.quantization))
-    config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params)
+    beside = drafter_footprint(cfg, draft_head, params, config.engine.page_size)
+    config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params, beside)
     ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)
     _check_store_dtypes(config, prefix_store)
@@ -202,13 +204,14 @@ def _sizer(
     shape: RunnerShape,
     budgets: dict[int, int] | None,
     cap: int | None,
+    beside: Footprint | None,
 ) -> Callable[[Placement], int] | None:
     """Each layout's own pool size, for a flip to resize the pool to; None (one size for
     every layout) without budgets, or across processes, where a flip holds both layouts."""
     if budgets is None or multihost.current().multi:
         return None
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-    return lambda p: pool_pages(graphdef, shapes, shape, [p], budgets, cap)
+    return lambda p: pool_pages(graphdef, shapes, shape, [p], budgets, cap, beside=beside)
 
 
 def _sized(
@@ -217,6 +220,7 @@ def _sized(
     dtype: jnp.dtype,
     graphdef: nnx.GraphDef,
     params: nnx.State,
+    beside: Footprint | None,
 ) -> tuple[
     FlipjaxConfig,
     Placement,
@@ -228,7 +232,7 @@ def _sized(
     placement, the device budgets, each layout's pool (in one process with budgets, each
     layout gets what its devices hold; otherwise one size serves all) and what sizes a layout
     armed later (`_sizer`). BudgetError, before anything is placed, when the weights and
-    pools do not fit a budget."""
+    pools (with the drafter's, `beside`) do not fit a budget."""
     ec, lc = config.engine, config.layout
     budgets = device_budgets(
         jax.devices(), lc.device_memory, lc.mem_fraction_static, jax.process_count()
@@ -237,13 +241,13 @@ def _sized(
     # Across processes a flip holds both layouts at once (`sharding.flip`).
     both = multihost.current().multi
     if lc.layout == AUTO:
-        lc = _auto(lc, cfg, graphdef, params, shape, budgets, ec.num_pages, both)
+        lc = _auto(lc, cfg, graphdef, params, shape, budgets, ec.num_pages, both, beside)
         config = dataclasses.replace(config, layout=lc)
     placement = placement_for(lc.layout, cfg) if lc.layout is not None else single_device(cfg)
     placements = [placement, *(placement_for(layout, cfg) for layout in lc.arm)]
-    sizer = _sizer(graphdef, params, shape, budgets, ec.num_pages)  # `--num-pages`: a cap
+    sizer = _sizer(graphdef, params, shape, budgets, ec.num_pages, beside)  # `--num-pages`: a cap
     if sizer is None:
-        pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages, both)
+        pages = pool_pages(graphdef, params, shape, placements, budgets, ec.num_pages, both, beside)
         sizes = {p.name: pages for p in placements}
     else:
         sizes = {p.name: sizer(p) for p in placements}
@@ -264,13 +268,14 @@ def _auto(
     budgets: dict[int, int] | None,
     cap: int | None,
     both: bool,
+    beside: Footprint | None,
 ) -> LayoutConfig:
     """`--layout auto` settled (`sharding.auto_layout`): the live layout and the armed ones,
     with the ladder logged."""
 
     def fits(placement: Placement) -> str | None:
         try:
-            pool_pages(graphdef, params, shape, [placement], budgets, cap, both)
+            pool_pages(graphdef, params, shape, [placement], budgets, cap, both, beside)
         except BudgetError as err:
             return str(err)
         return None

@@ -15,6 +15,7 @@ a flip) costs acceptance, never a token.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -31,6 +32,17 @@ from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.paged import PagedKV
 from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch, head_parallel
+
+
+def drafter_bytes(
+    cfg: ModelConfig, head: Qwen3NextMTP, params: nnx.State, page_size: int
+) -> tuple[int, int]:
+    """What a drafter of `head` holds on its device besides the model: its weights (the head's
+    and its copies of the embedding and, untied, the lm head in `params`) and one KV page."""
+    copies = [params["model"]["embed_tokens"], params["lm_head"] if "lm_head" in params else {}]
+    weights = sum(x.nbytes for x in jax.tree.leaves((nnx.state(head), copies)))
+    dtype = jnp.dtype(head.fc.kernel[...].dtype)
+    return weights, 2 * page_size * math.prod(state_shapes(cfg).kv_token) * dtype.itemsize
 
 
 class Drafter:
@@ -66,12 +78,17 @@ class Drafter:
         self._params = jax.device_put({"mtp": head_params, **shared}, self.device)
         self._kv_shape = (page_size, *state_shapes(cfg).kv_token)
         self._dtype = head.fc.kernel[...].dtype
+        self.bytes = drafter_bytes(cfg, head, params, page_size)  # weights, one KV page
         self.kv = self._zeros(num_pages)
         self._programs: dict[tuple[int, int], Any] = {}
 
     def _zeros(self, num_pages: int) -> KVPages:
         zeros = jnp.zeros((num_pages, *self._kv_shape), self._dtype, device=self.device)
         return KVPages(zeros, jnp.zeros_like(zeros))
+
+    def held(self) -> tuple[Any, KVPages]:
+        """The arrays it holds (on `device`): its weights and its KV pages."""
+        return self._params, self.kv
 
     def fit(self, num_pages: int) -> None:
         """Pages for a pool of `num_pages` (a flip resized the model's: the page ids were

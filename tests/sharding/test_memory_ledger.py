@@ -22,6 +22,8 @@ from sharding.budgets import BudgetError, device_budgets, parse_size, reserve
 from sharding.flip import FlipError
 from sharding.ledger import KINDS
 from sharding.memory import live_bytes
+from tests.support.speculation import PROMPTS as SPEC_PROMPTS
+from tests.support.speculation import speculative
 
 OPTIONS = dict(num_pages=64, max_running_requests=2, max_prefill_tokens=32)
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -172,3 +174,35 @@ def test_budgets_are_read_as_sizes_and_refused_by_name():
         Engine.from_pretrained("tiny", device_memory="ten gigs", **OPTIONS)
     with pytest.raises(ValueError, match="mem_fraction_static"):
         Engine.from_pretrained("tiny", mem_fraction_static=1.5, **OPTIONS)
+
+
+def test_a_drafter_is_in_the_ledger_and_its_pages_in_the_pool_it_sizes():
+    """A speculative engine's drafter (the MTP head, its copies of the embedding and head, its
+    own KV pages) is a line of the ledger, which still agrees with the live arrays, and the
+    budget sizes the pool with the drafter's pages counted: every device stays within it."""
+    before = _live_ids()
+    budget = parse_size("48MiB")
+    engine = speculative(
+        num_steps=2, layout="tp:2", device_memory="48MiB", num_pages=None, num_slots=16
+    )
+    engine.generate(SPEC_PROMPTS[:2], max_new_tokens=8)
+    live = _new_live_bytes(before)
+    report = engine.memory()
+    pages = engine.stats().pools["pages_total"]
+    drafter = engine._parts.stepper.speculation.drafter
+    drafter_held = Counter()
+    for leaf in __import__("jax").tree.leaves(drafter.held()):
+        drafter_held[next(iter(leaf.devices())).id] += leaf.nbytes
+    assert drafter_held[0] > 0
+    for line in report.devices:
+        assert line.bytes["drafter"] == drafter_held[line.device]
+        held = line.used - line.bytes["workspace"] - line.bytes["reserve"]
+        assert abs(held - live[line.device]) <= 0.02 * live[line.device], (line, live)
+        assert line.budget == budget and line.free >= 0, line
+    [capacity] = report.capacity
+    assert capacity.device == 0  # the drafter's device is the tightest
+    assert pages <= capacity.pages
+    # Its pages take as many as the pool has (free >= 0 above: they were priced in its size).
+    weights, page = drafter.bytes
+    assert drafter_held[0] == weights + pages * page
+    engine.close()
