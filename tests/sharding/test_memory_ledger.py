@@ -22,6 +22,7 @@ from sharding.budgets import BudgetError, device_budgets, parse_size, reserve
 from sharding.flip import FlipError
 from sharding.ledger import KINDS
 from sharding.memory import live_bytes
+from tests.support.internals import parts
 from tests.support.speculation import PROMPTS as SPEC_PROMPTS
 from tests.support.speculation import speculative
 
@@ -189,7 +190,7 @@ def test_a_drafter_is_in_the_ledger_and_its_pages_in_the_pool_it_sizes():
     live = _new_live_bytes(before)
     report = engine.memory()
     pages = engine.stats().pools["pages_total"]
-    drafter = engine._parts.stepper.speculation.drafter
+    drafter = parts(engine).stepper.speculation.drafter
     drafter_held = Counter()
     for leaf in __import__("jax").tree.leaves(drafter.held()):
         drafter_held[next(iter(leaf.devices())).id] += leaf.nbytes
