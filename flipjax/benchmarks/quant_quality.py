@@ -137,7 +137,7 @@ def lm_eval_loglikelihoods(engine: Any, rows: list[dict[str, Any]]) -> tuple[np.
         results = lm_eval.simple_evaluate(
             model=_engine_lm(engine),
             tasks=["flipjax_quant_mc"],
-            task_manager=TaskManager(include_path=folder),
+            task_manager=TaskManager(include_path=folder, include_defaults=False),
             log_samples=True,
         )
     samples = sorted(results["samples"]["flipjax_quant_mc"], key=lambda s: s["doc_id"])
