@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 
-import httpx
 import jax.numpy as jnp
 import openai
 import pytest
@@ -27,6 +26,7 @@ from flipjax.model.config import ModelConfig
 from store.keys import files_fingerprint
 from store.open import open_store
 from tests.support.hf_oracle import make_checkpoint
+from tests.support.http import HTTP
 from tests.support.servers import ROOT, free_port, wait_healthy
 from tests.support.tokenizers import byte_tokenizer
 
@@ -184,7 +184,7 @@ def reference(checkpoint) -> Engine:
 
 def complete(base: str, prompt: list[int], max_tokens: int) -> dict:
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    r = httpx.post(f"{base}/v1/completions", json=body, timeout=300)
+    r = HTTP.post(f"{base}/v1/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -204,7 +204,7 @@ def test_a_prefix_published_by_the_cluster_is_a_hit_for_one_process(cluster, che
     route = f"{base}/hicache/storage-backend"
     last, deadline = -1, time.monotonic() + 60
     while time.monotonic() < deadline:  # the disk tier's writes land on its worker
-        used = httpx.get(route, timeout=30).json()["disk"]["used_bytes"]
+        used = HTTP.get(route, timeout=30).json()["disk"]["used_bytes"]
         if used > 0 and used == last:
             break
         last = used
@@ -228,7 +228,7 @@ def test_a_prefix_published_by_the_cluster_is_a_hit_for_one_process(cluster, che
     assert earlier["choices"][0]["token_ids"] == want
 
     # The cluster seeds its sharded pages and states from its host tier too.
-    assert httpx.post(f"{base}/flush_cache", timeout=60).status_code == 200
+    assert HTTP.post(f"{base}/flush_cache", timeout=60).status_code == 200
     again = complete(base, LONG, 6)
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
     assert again["choices"][0]["token_ids"] == served
@@ -255,7 +255,7 @@ def test_a_live_flip_to_one_stage_per_process_is_token_identical(cluster, refere
     for t in threads:
         t.start()
     started.wait(timeout=300)  # every stream is decoding
-    r = httpx.post(f"{base}/phase_flip", json={"to": "pp:2,2@2,2"}, timeout=300)
+    r = HTTP.post(f"{base}/phase_flip", json={"to": "pp:2,2@2,2"}, timeout=300)
     assert r.status_code == 200, r.text
     assert r.json()["layout"] == "pp:2,2@2,2"
     for t in threads:
@@ -272,7 +272,7 @@ def test_a_lost_process_is_reported_within_the_heartbeat(cluster):
     procs[1].kill()
     t0 = time.monotonic()
     while True:
-        r = httpx.get(f"{base}/health", timeout=10)
+        r = HTTP.get(f"{base}/health", timeout=10)
         if r.status_code == 503:
             break
         assert time.monotonic() - t0 < 3 * HEARTBEAT_S + 5, "no 503 within the bound"
@@ -280,7 +280,7 @@ def test_a_lost_process_is_reported_within_the_heartbeat(cluster):
     assert "process 1 of the cluster lost" in r.json()["error"]
     assert r.json()["lost_processes"] == [1]
     body = {"model": "m", "prompt": PROMPTS[0], "max_tokens": 4}
-    refused = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+    refused = HTTP.post(f"{base}/v1/completions", json=body, timeout=30)
     assert refused.status_code == 503 and "process 1" in refused.json()["error"]["message"]
     assert procs[0].poll() is None  # process 0 stays up to say so
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import threading
 
-import httpx
 import pytest
 
 from serve.protocol.sampling import MAX_UNKNOWN_FIELD_NAMES, OTHER_FIELDS
+from tests.support.http import HTTP
 from tests.support.schemas import nested_array_schema
 from tests.support.servers import SMALL, metric, start_server, stop_server
 
@@ -49,7 +49,7 @@ def server(tmp_path_factory):
 
 def _streamed_text(base: str) -> str:
     text = []
-    with httpx.stream("POST", f"{base}/v1/completions", json=STREAM, timeout=120) as r:
+    with HTTP.stream("POST", f"{base}/v1/completions", json=STREAM, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -87,18 +87,18 @@ def test_hostile_requests_are_refused_and_a_stream_beside_them_is_unchanged(serv
     stream.start()
     failures = []
     for fields, status, param, words in REFUSED:
-        r = httpx.post(f"{server}/v1/completions", json=_completion(**fields), timeout=60)
+        r = HTTP.post(f"{server}/v1/completions", json=_completion(**fields), timeout=60)
         error = r.json().get("error", {})
         if (r.status_code, error.get("param")) != (status, param) or words not in error["message"]:
             failures.append((fields if len(str(fields)) < 80 else param, r.status_code, error))
     chat = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 17}
-    r = httpx.post(f"{server}/v1/chat/completions", json=chat, timeout=60)
+    r = HTTP.post(f"{server}/v1/chat/completions", json=chat, timeout=60)
     if r.status_code != 400 or r.json()["error"]["param"] != "n":
         failures.append(("chat n", r.status_code, r.text))
     stream.join(timeout=120)
     assert not failures, failures
     assert beside == [solo]
-    assert httpx.get(f"{server}/health", timeout=30).status_code == 200
+    assert HTTP.get(f"{server}/health", timeout=30).status_code == 200
     assert metric(server, "flipjax:kv_pages_used") == 0
     assert metric(server, "flipjax:gdn_slots_used") == 0
 
@@ -109,11 +109,11 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(server, declared):
     # Without a declared length (chunked) the server counts what arrives.
     content = body if declared else iter([body[:1000], body[1000:]])
     headers = {"content-type": "application/json"}
-    r = httpx.post(f"{server}/v1/completions", content=content, headers=headers, timeout=60)
+    r = HTTP.post(f"{server}/v1/completions", content=content, headers=headers, timeout=60)
     assert r.status_code == 413
     assert f"--max-request-bytes ({MAX_BODY} bytes)" in r.json()["error"]["message"]
     fits = _completion(prompt="x" * (MAX_BODY // 2))
-    assert httpx.post(f"{server}/v1/completions", json=fits, timeout=120).status_code != 413
+    assert HTTP.post(f"{server}/v1/completions", json=fits, timeout=120).status_code != 413
 
 
 def test_admin_routes_without_a_key_are_off(server):
@@ -123,17 +123,17 @@ def test_admin_routes_without_a_key_are_off(server):
         ("POST", "/phase_flip", {"to": "tp:2"}),
         ("PUT", "/hicache/storage-backend", {"dir": "/tmp"}),
     ]:
-        r = httpx.request(method, f"{server}{route}", json=body, timeout=30)
+        r = HTTP.request(method, f"{server}{route}", json=body, timeout=30)
         assert r.status_code == 403, (route, r.text)
         assert "--admin-api-key" in r.json()["error"]["message"]
-    assert httpx.get(f"{server}/health", timeout=30).status_code == 200
+    assert HTTP.get(f"{server}/health", timeout=30).status_code == 200
 
 
 def test_unknown_field_names_cannot_grow_the_metrics_without_bound(server):
     junk = {f"junk_{i}": 1 for i in range(2 * MAX_UNKNOWN_FIELD_NAMES)}
-    r = httpx.post(f"{server}/v1/completions", json=_completion(**junk), timeout=60)
+    r = HTTP.post(f"{server}/v1/completions", json=_completion(**junk), timeout=60)
     assert r.status_code == 200
-    text = httpx.get(f"{server}/metrics", timeout=30).text
+    text = HTTP.get(f"{server}/metrics", timeout=30).text
     labels = [
         line
         for line in text.splitlines()

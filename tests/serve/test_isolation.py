@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import threading
 
-import httpx
 import pytest
 
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.step import Stepper
+from tests.support.http import HTTP
 from tests.support.in_process import InProcessServer
 from tests.support.servers import metric
 
@@ -42,7 +42,7 @@ def _stream(base: str, first: threading.Event | None = None) -> tuple[str, str |
     """The streamed text, and the error event's message if the stream ended in one; `first`
     is set once the first tokens arrived."""
     text, error = [], None
-    with httpx.stream("POST", f"{base}/v1/completions", json=STREAM, timeout=120) as r:
+    with HTTP.stream("POST", f"{base}/v1/completions", json=STREAM, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -70,14 +70,14 @@ def test_an_admission_that_raises_fails_only_its_request(served, monkeypatch):
     stream = threading.Thread(target=lambda: beside.append(_stream(served.base)))
     stream.start()
     body = {"model": "tiny", "prompt": "poison", "max_tokens": 4}
-    r = httpx.post(f"{served.base}/v1/completions", json=body, timeout=60)
+    r = HTTP.post(f"{served.base}/v1/completions", json=body, timeout=60)
     stream.join(timeout=120)
     assert r.status_code == 500
     message = r.json()["error"]["message"]
     assert "injected tokenizer fault" in message and "reference err-" in message
     assert beside == [(solo, None)]
-    assert httpx.get(f"{served.base}/health", timeout=30).status_code == 200
-    again = httpx.post(f"{served.base}/v1/completions", json={**body, "prompt": "x"}, timeout=60)
+    assert HTTP.get(f"{served.base}/health", timeout=30).status_code == 200
+    again = HTTP.post(f"{served.base}/v1/completions", json={**body, "prompt": "x"}, timeout=60)
     assert again.status_code == 200
     served.engine.check()
 
@@ -100,7 +100,7 @@ def test_a_fault_in_a_step_fails_only_its_request(served, monkeypatch):
     stream.start()
     assert first.wait(60)
     body = {"model": "tiny", "prompt": "poison", "max_tokens": 8, "seed": 4242}
-    r = httpx.post(f"{served.base}/v1/completions", json=body, timeout=60)
+    r = HTTP.post(f"{served.base}/v1/completions", json=body, timeout=60)
     stream.join(timeout=120)
     assert r.status_code == 500
     message = r.json()["error"]["message"]
@@ -108,7 +108,7 @@ def test_a_fault_in_a_step_fails_only_its_request(served, monkeypatch):
     assert "reference err-" in message
     assert beside == [(solo, None)]
     assert metric(served.base, 'flipjax:request_faults_total{stage="sampling"}') == 1
-    assert httpx.get(f"{served.base}/health", timeout=30).status_code == 200
+    assert HTTP.get(f"{served.base}/health", timeout=30).status_code == 200
     served.engine.check()
     assert served.engine.stats().pools["pages_requests"] == 0
 
@@ -135,8 +135,8 @@ def test_a_dead_engine_loop_is_a_503_and_ends_the_process(served, monkeypatch):
     t.join(timeout=120)
     assert [type(e) for e in deaths] == [RuntimeError]
     assert result and result[0][1] is not None and "engine loop stopped" in result[0][1]
-    health = httpx.get(f"{served.base}/health", timeout=30)
+    health = HTTP.get(f"{served.base}/health", timeout=30)
     assert health.status_code == 503 and "injected loop fault" in health.json()["error"]
     body = {"model": "tiny", "prompt": "after", "max_tokens": 2}
-    r = httpx.post(f"{served.base}/v1/completions", json=body, timeout=60)
+    r = HTTP.post(f"{served.base}/v1/completions", json=body, timeout=60)
     assert r.status_code == 503 and "engine loop stopped" in r.json()["error"]["message"]

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import jsonschema
 import openai
 import pytest
 
 from flipjax import Engine, SamplingParams
+from tests.support.http import HTTP
 from tests.support.servers import SMALL, metric, start_server, stop_server
 
 PROMPT = "The quick brown fox"
@@ -203,7 +203,7 @@ def test_stream_usage_arrives_last_and_continuously_when_asked(client):
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
-    with httpx.stream("POST", f"{client.base_url}completions", json=body, timeout=60) as r:
+    with HTTP.stream("POST", f"{client.base_url}completions", json=body, timeout=60) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert all("usage" in e for e in events)
     counts = [e["usage"]["completion_tokens"] for e in events]
@@ -239,9 +239,9 @@ def test_sampling_extras_do_what_vllm_does(client):
 def test_unknown_fields_are_ignored_and_counted_wrong_ones_refused(server):
     before = metric(server, 'flipjax:unknown_request_fields_total{field="frobnicate"}')
     body = {"model": "tiny", "prompt": "x", "max_tokens": 2, "frobnicate": 1}
-    assert httpx.post(f"{server}/v1/completions", json=body, timeout=60).status_code == 200
+    assert HTTP.post(f"{server}/v1/completions", json=body, timeout=60).status_code == 200
     assert metric(server, 'flipjax:unknown_request_fields_total{field="frobnicate"}') == before + 1
-    r = httpx.post(f"{server}/v1/completions", json={**body, "n": "two"}, timeout=60)
+    r = HTTP.post(f"{server}/v1/completions", json={**body, "n": "two"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
 
 
@@ -278,7 +278,7 @@ def test_every_guided_form_constrains_the_text(client):
 
 def test_bad_structured_output_is_refused_by_name(server):
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}
-    r = httpx.post(
+    r = HTTP.post(
         f"{server}/v1/chat/completions",
         timeout=60,
         json={
@@ -288,7 +288,7 @@ def test_bad_structured_output_is_refused_by_name(server):
         },
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.json_schema"
-    r = httpx.post(
+    r = HTTP.post(
         f"{server}/v1/completions",
         timeout=60,
         json={"model": "tiny", "prompt": "x", "guided_regex": "a", "guided_choice": ["a"]},
@@ -374,8 +374,8 @@ def test_tool_calls_and_results_go_back_into_the_prompt(server):
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "3"},
     ]
-    r = httpx.post(f"{server}/tokenize", json={"messages": messages, "tools": [ADD]}, timeout=30)
-    text = httpx.post(f"{server}/detokenize", json={"tokens": r.json()["tokens"]}).json()["prompt"]
+    r = HTTP.post(f"{server}/tokenize", json={"messages": messages, "tools": [ADD]}, timeout=30)
+    text = HTTP.post(f"{server}/detokenize", json={"tokens": r.json()["tokens"]}).json()["prompt"]
     assert '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>' in text
     assert "tool: 3\n" in text and text.endswith("assistant: ") and '"name": "add"' in text
 
@@ -383,26 +383,24 @@ def test_tool_calls_and_results_go_back_into_the_prompt(server):
 def test_continue_final_message_leaves_the_last_turn_open(server):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}]
     body = {"messages": messages, "add_generation_prompt": False, "continue_final_message": True}
-    tokens = httpx.post(f"{server}/tokenize", json=body, timeout=30).json()["tokens"]
+    tokens = HTTP.post(f"{server}/tokenize", json=body, timeout=30).json()["tokens"]
     assert bytes(tokens).decode() == "user: hi\nassistant: Sure, "
     both = {**body, "add_generation_prompt": True}
-    assert httpx.post(f"{server}/tokenize", json=both, timeout=30).status_code == 400
+    assert HTTP.post(f"{server}/tokenize", json=both, timeout=30).status_code == 400
 
 
 def test_tokenize_detokenize_version_and_model_names(server, client):
-    r = httpx.post(f"{server}/tokenize", json={"prompt": "hey"}, timeout=30).json()
+    r = HTTP.post(f"{server}/tokenize", json={"prompt": "hey"}, timeout=30).json()
     assert r == {"count": 3, "max_model_len": r["max_model_len"], "tokens": [104, 101, 121]}
-    assert httpx.post(f"{server}/detokenize", json={"tokens": [104, 105]}).json() == {
-        "prompt": "hi"
-    }
-    assert re.fullmatch(r"\d+\.\d+\.\d+", httpx.get(f"{server}/version").json()["version"])
+    assert HTTP.post(f"{server}/detokenize", json={"tokens": [104, 105]}).json() == {"prompt": "hi"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", HTTP.get(f"{server}/version").json()["version"])
     assert [m.id for m in client.models.list().data] == ["tiny", "tiny-alias"]
     resp = client.completions.create(model="tiny-alias", prompt="x", max_tokens=1)
     assert resp.model == "tiny"
 
 
 def test_openapi_documents_every_request_body(server):
-    spec = httpx.get(f"{server}/openapi.json", timeout=30).json()
+    spec = HTTP.get(f"{server}/openapi.json", timeout=30).json()
     posts = {path: ops["post"] for path, ops in spec["paths"].items() if "post" in ops}
     without = [p for p, op in posts.items() if "requestBody" not in op and p != "/flush_cache"]
     assert not without and "/v1/chat/completions" in posts

@@ -10,11 +10,11 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
 import openai
 import pytest
 
 from flipjax import Engine, SamplingParams
+from tests.support.http import HTTP
 from tests.support.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 
 
@@ -77,13 +77,13 @@ def test_completion_matches_offline_engine(client):
     ],
 )
 def test_bad_requests_name_the_field(server, kwargs, param):
-    r = httpx.post(f"{server}/v1/completions", json={"temperature": 0, **kwargs}, timeout=60)
+    r = HTTP.post(f"{server}/v1/completions", json={"temperature": 0, **kwargs}, timeout=60)
     assert 400 <= r.status_code < 500
     assert r.json()["error"]["param"] == param
 
 
 def test_malformed_json_is_a_400(server):
-    r = httpx.post(
+    r = HTTP.post(
         f"{server}/v1/completions",
         content=b"{not json",
         timeout=10,
@@ -138,25 +138,25 @@ def test_flip_under_load_keeps_every_stream_identical(server, client, offline):
     for t in threads:
         t.start()
     assert started.wait(120)
-    r = httpx.post(f"{server}/phase_flip", json={"to": "tp:2"}, timeout=120)
+    r = HTTP.post(f"{server}/phase_flip", json={"to": "tp:2"}, timeout=120)
     assert r.status_code == 200, r.text
     for t in threads:
         t.join(180)
     assert results == offline
-    phase = httpx.get(f"{server}/phase", timeout=30).json()
+    phase = HTTP.get(f"{server}/phase", timeout=30).json()
     assert phase["layout"] == "tp:2" and phase["generation"] == 1
     assert phase["last_flip"]["direction"] == "pp:5,3->tp:2"
     assert phase["last_flip"]["weights_bytes"] > 0
 
 
 def test_phase_flip_refuses_a_layout_the_model_cannot_take(server):
-    before = httpx.get(f"{server}/phase", timeout=30).json()
-    r = httpx.post(f"{server}/phase_flip", json={"to": "pp:1,1"}, timeout=60)
+    before = HTTP.get(f"{server}/phase", timeout=30).json()
+    r = HTTP.post(f"{server}/phase_flip", json={"to": "pp:1,1"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "to"
     assert "sum to 2" in r.json()["error"]["message"]
-    r = httpx.post(f"{server}/phase_flip", json={"layout": "tp"}, timeout=60)
+    r = HTTP.post(f"{server}/phase_flip", json={"layout": "tp"}, timeout=60)
     assert r.status_code == 400
-    assert httpx.get(f"{server}/phase", timeout=30).json() == before
+    assert HTTP.get(f"{server}/phase", timeout=30).json() == before
 
 
 def test_chat_completions_render_the_template(client):
@@ -183,14 +183,14 @@ def test_chat_completions_render_the_template(client):
 
 def test_generate_takes_and_returns_token_ids(server):
     want = Engine.from_pretrained("tiny").generate([[72, 105, 33]], max_new_tokens=5)[0]
-    r = httpx.post(
+    r = HTTP.post(
         f"{server}/generate",
         json={"input_ids": [72, 105, 33], "max_tokens": 5, "temperature": 0},
         timeout=120,
     )
     assert r.status_code == 200, r.text
     assert r.json()["output_ids"] == want.token_ids
-    r = httpx.post(f"{server}/generate", json={"input_ids": [], "max_tokens": 5}, timeout=30)
+    r = HTTP.post(f"{server}/generate", json={"input_ids": [], "max_tokens": 5}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids"
 
 
@@ -204,14 +204,14 @@ def test_abort_and_disconnect_free_pages_and_slots(server, client):
         extra_body={"ignore_eos": True},
     )
     first = next(iter(stream))
-    r = httpx.post(f"{server}/abort_request", json={"request_id": first.id}, timeout=30)
+    r = HTTP.post(f"{server}/abort_request", json={"request_id": first.id}, timeout=30)
     assert r.status_code == 200, r.text
     finishes = [c.choices[0].finish_reason for c in stream]
     assert finishes[-1] == "abort"
-    r = httpx.post(f"{server}/abort_request", json={"request_id": first.id}, timeout=30)
+    r = HTTP.post(f"{server}/abort_request", json={"request_id": first.id}, timeout=30)
     assert r.status_code == 404 and r.json()["error"]["param"] == "request_id"
 
-    with httpx.stream(
+    with HTTP.stream(
         "POST",
         f"{server}/v1/completions",
         timeout=60,
@@ -260,13 +260,13 @@ def test_keys_guard_the_routes(tmp_path):
         )
     try:
         body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
-        assert httpx.post(f"{base}/v1/completions", json=body, timeout=60).status_code == 401
+        assert HTTP.post(f"{base}/v1/completions", json=body, timeout=60).status_code == 401
         user = {"authorization": "Bearer user-k"}
         admin = {"authorization": "Bearer admin-k"}
-        r = httpx.post(f"{base}/v1/completions", json=body, headers=user, timeout=120)
+        r = HTTP.post(f"{base}/v1/completions", json=body, headers=user, timeout=120)
         assert r.status_code == 200
-        assert httpx.get(f"{base}/phase", headers=user, timeout=30).status_code == 401
-        r = httpx.get(f"{base}/phase", headers=admin, timeout=30)
+        assert HTTP.get(f"{base}/phase", headers=user, timeout=30).status_code == 401
+        r = HTTP.get(f"{base}/phase", headers=admin, timeout=30)
         assert r.status_code == 200 and r.json()["layout"] == "single"
     finally:
         stop_server(proc)
@@ -276,12 +276,12 @@ def test_admin_routes_answer_only_to_allowed_hosts_and_json(server):
     """DNS rebinding (a foreign Host), a cross-site request (a foreign Origin) and a form post
     (not JSON) are refused; the same request from loopback with JSON is answered."""
     phase = f"{server}/phase"
-    layout = httpx.get(phase, timeout=30).json()["layout"]
-    r = httpx.get(phase, headers={"host": "evil.example"}, timeout=30)
+    layout = HTTP.get(phase, timeout=30).json()["layout"]
+    r = HTTP.get(phase, headers={"host": "evil.example"}, timeout=30)
     assert r.status_code == 403 and "Host: 'evil.example'" in r.json()["error"]["message"]
-    r = httpx.get(phase, headers={"origin": "http://evil.example"}, timeout=30)
+    r = HTTP.get(phase, headers={"origin": "http://evil.example"}, timeout=30)
     assert r.status_code == 403 and "Origin" in r.json()["error"]["message"]
     form = {"content-type": "text/plain"}
-    r = httpx.post(f"{server}/phase_flip", content='{"to": "tp:2"}', headers=form, timeout=30)
+    r = HTTP.post(f"{server}/phase_flip", content='{"to": "tp:2"}', headers=form, timeout=30)
     assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
-    assert httpx.get(phase, timeout=30).json()["layout"] == layout  # the form post flipped nothing
+    assert HTTP.get(phase, timeout=30).json()["layout"] == layout  # the form post flipped nothing

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import threading
 
-import httpx
 import openai
 import pytest
 
 from flipjax import Engine
 from flipjax.serve import parse_args
+from tests.support.http import HTTP
 from tests.support.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 
 
@@ -32,7 +32,7 @@ def test_a_burst_into_a_small_pool_under_the_auto_policy(tmp_path):
     with open(tmp_path / "log.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:
-        policy = httpx.get(f"{base}/phase", timeout=30).json()["policy"]
+        policy = HTTP.get(f"{base}/phase", timeout=30).json()["policy"]
         assert policy["policy"] == "auto" and policy["decode_layout"] == "tp:2"
         for layout in ("single", "tp:2"):
             rates = policy["throughput"][layout]
@@ -57,17 +57,17 @@ def test_a_burst_into_a_small_pool_under_the_auto_policy(tmp_path):
         assert metric(base, 'flipjax:relief_steps_total{step="evicted"}') > 0
         assert metric(base, "flipjax:kv_pages_used") == 0
         assert metric(base, "flipjax:gdn_slots_used") == 0
-        assert httpx.post(f"{base}/flush_cache", timeout=30).status_code == 200
+        assert HTTP.post(f"{base}/flush_cache", timeout=30).status_code == 200
         assert metric(base, "flipjax:prefix_cache_pages") == 0
         assert metric(base, "flipjax:prefix_cache_states") == 0
-        ticks = httpx.get(f"{base}/phase", timeout=30).json()["policy"]["counters"]["ticks"]
+        ticks = HTTP.get(f"{base}/phase", timeout=30).json()["policy"]["counters"]["ticks"]
         assert ticks > 0, "the policy never looked at the load"
         # A manual flip is seen by the policy: it restarts the dwell, so no flip back.
-        here = httpx.get(f"{base}/phase", timeout=30).json()["layout"]
+        here = HTTP.get(f"{base}/phase", timeout=30).json()["layout"]
         other = "tp:2" if here == "single" else "single"
-        flipped = httpx.post(f"{base}/phase_flip", json={"to": other}, timeout=120).json()
+        flipped = HTTP.post(f"{base}/phase_flip", json={"to": other}, timeout=120).json()
         client.completions.create(model="tiny", prompt=prompts[0], max_tokens=4, temperature=0)
-        phase = httpx.get(f"{base}/phase", timeout=30).json()
+        phase = HTTP.get(f"{base}/phase", timeout=30).json()
         policy = phase["policy"]
         assert flipped["layout"] == other == phase["layout"]
         assert policy["last_decision"]["reason"] == "dwell"

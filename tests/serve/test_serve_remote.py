@@ -8,8 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-import httpx
-
+from tests.support.http import HTTP
 from tests.support.prompts import STORE_PROMPT as PROMPT
 from tests.support.redis_server import RedisServer
 from tests.support.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
@@ -19,7 +18,7 @@ GRID = ("--gdn-checkpoint-interval", "32")
 
 def complete(base: str, prompt: str = PROMPT) -> dict:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0}
-    r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+    r = HTTP.post(f"{base}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -86,7 +85,7 @@ def test_two_servers_in_different_layouts_share_one_redis_through_an_outage(tmp_
             )
         wait_until(lambda: metric(b_base, 'flipjax:store_tier_available{tier="remote"}') == 0)
         assert store_event(b_base, "errors") >= 1
-        state = httpx.get(f"{b_base}/hicache/storage-backend", timeout=30).json()
+        state = HTTP.get(f"{b_base}/hicache/storage-backend", timeout=30).json()
         assert state["remote"]["available"] is False and state["remote"]["last_error"]
 
         redis.start()  # the same port, empty: the tier comes back by itself after its backoff

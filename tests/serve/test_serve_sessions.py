@@ -11,6 +11,7 @@ import httpx
 import openai
 
 from flipjax import Engine, SamplingParams
+from tests.support.http import HTTP
 from tests.support.servers import SMALL, start_server, stop_server
 
 PROMPT = "".join(chr(97 + (i * 5) % 26) for i in range(50))  # 50 tokens
@@ -19,7 +20,7 @@ SEEDED = dict(temperature=0.9, top_k=40, seed=3)
 
 
 def post(base: str, route: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{base}{route}", json=body, timeout=120)
+    return HTTP.post(f"{base}{route}", json=body, timeout=120)
 
 
 def branch_ids(base: str, body: dict) -> list[int]:
@@ -72,11 +73,11 @@ def test_checkpoint_restart_branch_rewind(tmp_path):
     with open(tmp_path / "b.txt", "w") as log:
         proc, base = start_server(log, *flags)
     try:
-        listed = httpx.get(f"{base}/session_checkpoints", timeout=30).json()["data"]
+        listed = HTTP.get(f"{base}/session_checkpoints", timeout=30).json()["data"]
         assert [c["checkpoint_id"] for c in listed] == [cid]
         rest = branch_ids(base, {"checkpoint_id": cid, "max_tokens": N - K})
         assert first + rest == straight.token_ids, "the branch left the straight-through path"
-        streamed = httpx.post(
+        streamed = HTTP.post(
             f"{base}/session_branch",
             timeout=120,
             json={"checkpoint_id": cid, "max_tokens": N - K, "stream": True},
@@ -115,9 +116,9 @@ def test_checkpoint_restart_branch_rewind(tmp_path):
         assert two["usage"]["prompt_tokens"] > one["usage"]["total_tokens"]
         assert two["usage"]["prompt_tokens_details"]["cached_tokens"] >= 32
 
-        assert httpx.delete(f"{base}/session_checkpoint/{cid}", timeout=30).status_code == 200
-        assert httpx.delete(f"{base}/session_checkpoint/{cid}", timeout=30).status_code == 404
-        assert httpx.get(f"{base}/session_checkpoints", timeout=30).json()["data"] == []
+        assert HTTP.delete(f"{base}/session_checkpoint/{cid}", timeout=30).status_code == 200
+        assert HTTP.delete(f"{base}/session_checkpoint/{cid}", timeout=30).status_code == 404
+        assert HTTP.get(f"{base}/session_checkpoints", timeout=30).json()["data"] == []
     finally:
         stop_server(proc)
     assert os.path.exists(folder / f"{'f' * 32}.json"), "an unreadable manifest stays in place"

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import logging
 
-import httpx
-
 from serve.metrics import TIERS
+from tests.support.http import HTTP
 from tests.support.prompts import STORE_PROMPT as PROMPT
 from tests.support.servers import INSECURE_ADMIN, SMALL, metric, start_server, stop_server
 
 
 def complete(base: str, **fields) -> dict:
     body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, **fields}
-    r = httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+    r = HTTP.post(f"{base}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -41,7 +40,7 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
         assert hits(base) == {"device": 0, "host": 0, "disk": 0, "remote": 0, "misses": 1}
         for tier in ("device", "host"):
             if tier == "host":
-                r = httpx.post(f"{base}/flush_cache", timeout=30)
+                r = HTTP.post(f"{base}/flush_cache", timeout=30)
                 assert r.status_code == 200 and r.json()["flushed"]["states"] > 0
             warm = complete(base)
             assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == 64
@@ -58,43 +57,43 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
         assert again["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
         assert hits(base) == {"device": 0, "host": 0, "disk": 1, "remote": 0, "misses": 0}
         route = f"{base}/hicache/storage-backend"
-        state = httpx.get(route, timeout=30).json()
+        state = HTTP.get(route, timeout=30).json()
         assert state["disk"]["used_bytes"] > 0
         assert state["counters"]["disk"]["hits"] >= 3  # two pages and the anchor
         folder = state["disk"]["dir"]
 
-        r = httpx.post(f"{base}/hicache/clear", json={"remote": True}, timeout=30)
+        r = HTTP.post(f"{base}/hicache/clear", json={"remote": True}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "remote"
-        r = httpx.post(f"{base}/hicache/clear", json={}, timeout=60)
+        r = HTTP.post(f"{base}/hicache/clear", json={}, timeout=60)
         assert r.status_code == 200, r.text
         cleared = r.json()
         assert cleared["cleared"]["host"]["removed"] > 0
         # 97 tokens computed (90 of prompt, 7 generated): six pages, anchors at 32, 64 and 96
         assert cleared["cleared"]["disk"] == {"removed": 9, "kept_pinned": 0}
         assert cleared["disk"]["used_bytes"] == 0 and cleared["disk"]["footprint_bytes"] == 0
-        assert httpx.post(f"{base}/flush_cache", timeout=30).status_code == 200
+        assert HTTP.post(f"{base}/flush_cache", timeout=30).status_code == 200
         cold_again = complete(base)  # nothing holds the prefix now: computed, the same tokens
         assert cold_again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert cold_again["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
 
-        r = httpx.post(f"{route}/resize", json={"disk_gb": 1e-9}, timeout=30)  # ~1 byte: evict
+        r = HTTP.post(f"{route}/resize", json={"disk_gb": 1e-9}, timeout=30)  # ~1 byte: evict
         assert r.status_code == 200 and r.json()["disk"]["used_bytes"] == 0
-        assert httpx.delete(route, timeout=30).json()["disk"] is None
-        r = httpx.delete(route, timeout=30)
+        assert HTTP.delete(route, timeout=30).json()["disk"] is None
+        r = HTTP.delete(route, timeout=30)
         assert r.status_code == 409 and "no disk tier" in r.json()["error"]["message"]
-        r = httpx.post(f"{route}/resize", json={"disk_gb": 1}, timeout=30)
+        r = HTTP.post(f"{route}/resize", json={"disk_gb": 1}, timeout=30)
         assert r.status_code == 409
         outside = tmp_path.parent / f"{tmp_path.name}-outside"  # beside --store-dir's parent
         (outside / "entries").mkdir(parents=True)
         (outside / "entries" / "notes.txt").write_text("not the store's")
-        r = httpx.put(route, json={"disk_gb": 1, "dir": str(outside)}, timeout=30)
+        r = HTTP.put(route, json={"disk_gb": 1, "dir": str(outside)}, timeout=30)
         assert r.status_code == 400 and "not under --store-root" in r.json()["error"]["message"]
         assert (outside / "entries" / "notes.txt").read_text() == "not the store's"
-        r = httpx.put(route, json={"disk_gb": 1}, timeout=30)
+        r = HTTP.put(route, json={"disk_gb": 1}, timeout=30)
         assert r.status_code == 200 and r.json()["disk"]["dir"] == folder
-        r = httpx.put(route, json={"disk_gb": 1}, timeout=30)
+        r = HTTP.put(route, json={"disk_gb": 1}, timeout=30)
         assert r.status_code == 409 and "attached already" in r.json()["error"]["message"]
-        r = httpx.put(route, json={"disk_gb": -1}, timeout=30)
+        r = HTTP.put(route, json={"disk_gb": -1}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "disk_gb"
 
         # A tenant's salt: the prefix cached without one (or with another) is not its own.
@@ -103,7 +102,7 @@ def test_prefix_hits_from_device_host_and_disk(tmp_path):
             assert salted["usage"]["prompt_tokens_details"]["cached_tokens"] == cached, salt
             assert salted["choices"][0]["token_ids"] == cold["choices"][0]["token_ids"]
         body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "cache_salt": ""}
-        r = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+        r = HTTP.post(f"{base}/v1/completions", json=body, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
     finally:
         stop_server(proc)

@@ -9,11 +9,11 @@ import re
 import subprocess
 import sys
 
-import httpx
 import openai
 import pytest
 
 from flipjax import Engine
+from tests.support.http import HTTP
 from tests.support.servers import ROOT, SMALL, start_server, stop_server
 
 PROMPTS = ["def read_file(path):", "class Queue:\n    def __init__(self):", "def is_prime(n):"]
@@ -40,7 +40,7 @@ def test_completions_are_those_of_decoding_without_drafts(served):
     texts = [c.text for c in sorted(done.choices, key=lambda c: c.index)]
     plain = Engine.from_pretrained("flipjax-py", num_pages=128, warmup=False)
     assert texts == [o.text for o in plain.generate(PROMPTS, max_new_tokens=48)]
-    metrics = httpx.get(f"{served}/metrics", timeout=30).text
+    metrics = HTTP.get(f"{served}/metrics", timeout=30).text
 
     def total(name: str) -> float:
         return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", metrics, re.M))

@@ -11,6 +11,7 @@ import time
 
 import httpx
 
+from tests.support.http import HTTP
 from tests.support.paths import REPO_ROOT
 
 ROOT = str(REPO_ROOT)
@@ -57,7 +58,7 @@ def wait_healthy(proc: subprocess.Popen, base: str, log_path: str) -> None:
             with open(log_path) as f:
                 raise RuntimeError(f"server exited early:\n{f.read()}")
         try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+            if HTTP.get(f"{base}/health", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -79,7 +80,7 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 def metric(server: str, name: str) -> float:
     """The value of one sample line in /metrics (0 if absent)."""
-    text = httpx.get(f"{server}/metrics", timeout=30).text
+    text = HTTP.get(f"{server}/metrics", timeout=30).text
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
