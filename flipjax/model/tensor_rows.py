@@ -66,14 +66,20 @@ def open_rows(path: str, name: str) -> TensorRows | None:
     """Tensor `name` of `path` for reading by rows; None when its dtype is not one of
     `DTYPES` (the caller reads it otherwise). ValueError for a header that cannot be read."""
     with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
+        start = f.read(8)
+        if len(start) < 8:
+            raise ValueError(f"{path}: too short for a safetensors header")
+        (length,) = struct.unpack("<Q", start)
         if length > _MAX_HEADER_BYTES:
             raise ValueError(f"{path}: safetensors header of {length} bytes")
         header = json.loads(f.read(length))
-    entry = header.get(name)
+    entry = header.get(name) if isinstance(header, dict) else None
     if not isinstance(entry, dict) or entry.get("dtype") not in DTYPES:
         return None
-    return TensorRows(path, name, entry, 8 + length)
+    try:
+        return TensorRows(path, name, entry, 8 + length)
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{path}: tensor {name}'s header entry is malformed ({err!r})") from None
 
 
 def _read_exactly(fd: int, out: np.ndarray, offset: int) -> None:

@@ -66,7 +66,9 @@ def _rewrite_header(path: str, change) -> None:
         f.write(data[:8] + text + data[8 + length :])
 
 
-@pytest.mark.parametrize("damage", ["short_range", "past_the_end", "truncated_file", "header"])
+@pytest.mark.parametrize(
+    "damage", ["short_range", "past_the_end", "truncated_file", "header", "no_offsets", "empty"]
+)
 def test_a_range_that_does_not_fit_is_refused(tmp_path, damage):
     path = str(tmp_path / "w.safetensors")
     save_file({"w": np.ones((8, 4), np.float32), "pad": np.zeros(64, np.float32)}, path)
@@ -74,6 +76,10 @@ def test_a_range_that_does_not_fit_is_refused(tmp_path, damage):
         _rewrite_header(path, lambda h: h["w"].update(data_offsets=[0, 64]))
     elif damage == "past_the_end":
         _rewrite_header(path, lambda h: h["w"].update(shape=[80, 4], data_offsets=[0, 1280]))
+    elif damage == "no_offsets":
+        _rewrite_header(path, lambda h: h["w"].pop("data_offsets"))
+    elif damage == "empty":
+        open(path, "wb").close()
     elif damage == "truncated_file":
         data = open(path, "rb").read()
         (length,) = struct.unpack("<Q", data[:8])
