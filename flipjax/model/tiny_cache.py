@@ -6,9 +6,10 @@ again for the same numbers. A file holds one dtype's weights and is named by the
 everything they depend on: the dtype, the seed, jax's and flax's versions and the source of
 every module under `flipjax/model` (the initializers and the tree's shape), so any change to
 them makes another file. A file is read only when it is this user's own, in a folder nobody
-else can write, and holds exactly the leaves, shapes and dtypes the module's own abstract
-state has; otherwise the weights are made anew. Writers write a temporary file, fsync it and
-rename it into place, so a reader never sees half of one.
+else can write, and holds exactly the leaves, shapes and dtype widths the module's own
+abstract state has (the dtypes themselves are in the key); otherwise the weights are made
+anew. Writers write a temporary file, fsync it and rename it into place, so a reader never
+sees half of one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def cached_leaves(
     make: Callable[[], list[np.ndarray]],
 ) -> list[np.ndarray]:
     """The leaves `make()` returns, from this dtype's file when one matches `abstract` (their
-    shapes and dtypes, in order), else made and written for the next process."""
+    shapes and dtype widths, in order), else made and written for the next process."""
     path = _path(dtype, seed)
     if path is not None:
         leaves = _read(path, abstract)

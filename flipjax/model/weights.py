@@ -11,7 +11,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
@@ -87,13 +87,7 @@ class _Reader:
         precision beside its copy in the model's."""
         rows = tensor_rows.open_rows(self.files[name], name)
         if rows is not None and len(rows.shape) >= 2:  # read by offset: no mapped file pages
-            step = max(1, _BLOCK_BYTES // (out.itemsize * math.prod(rows.shape[1:])))
-            for first, block in rows.blocks(step):
-                last = first + len(block)
-                if transpose:
-                    out[:, first:last] = block.T
-                else:
-                    out[first:last] = block
+            _fill(out, rows.blocks(_rows_per_block(rows.shape, out)), transpose)
             return
         with safe_open(self.files[name], framework="np") as f:
             tensor = f.get_slice(name)
@@ -101,20 +95,32 @@ class _Reader:
             if len(shape) < 2:
                 out[...] = f.get_tensor(name)
                 return
-            step = max(1, _BLOCK_BYTES // (out.itemsize * math.prod(shape[1:])))
-            for first in range(0, shape[0], step):
-                last = min(first + step, shape[0])  # a slice past the end is an error here
-                block = tensor[first:last]
-                if transpose:
-                    out[:, first:last] = block.T
-                else:
-                    out[first:last] = block
+            step = _rows_per_block(shape, out)
+            # A slice past the end is an error here.
+            blocks = ((r, tensor[r : min(r + step, shape[0])]) for r in range(0, shape[0], step))
+            _fill(out, blocks, transpose)
 
     def _handle(self, name: str) -> Any:
         file = self.files[name]
         if file not in self._handles:
             self._handles[file] = safe_open(file, framework="np")
         return self._handles[file]
+
+
+def _rows_per_block(shape: tuple[int, ...], out: np.ndarray) -> int:
+    """Rows of a tensor of `shape` that make `_BLOCK_BYTES` of `out`'s dtype."""
+    return max(1, _BLOCK_BYTES // (out.itemsize * math.prod(shape[1:])))
+
+
+def _fill(out: np.ndarray, blocks: Iterable[tuple[int, np.ndarray]], transpose: bool) -> None:
+    """Each (first row, rows) block into `out` (into its columns, transposed), cast to its
+    dtype."""
+    for first, block in blocks:
+        last = first + len(block)
+        if transpose:
+            out[:, first:last] = block.T
+        else:
+            out[first:last] = block
 
 
 def _sources(
