@@ -22,6 +22,12 @@
 
 namespace flipjax {
 
+// The threads a call of `work` units runs on: one per `per_thread` units (what pays for waking
+// a thread), at least one and at most the pool's.
+inline int64_t Threads(xla::ffi::ThreadPool& pool, int64_t work, int64_t per_thread) {
+  return std::max<int64_t>(1, std::min<int64_t>(work / per_thread, pool.num_threads()));
+}
+
 // Runs body(first, last) over [0, items) in chunks of about items / (chunks_per_thread *
 // threads), on at most `max_threads` threads (the caller's included); returns when every item
 // is done.

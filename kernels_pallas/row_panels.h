@@ -25,7 +25,10 @@ constexpr int kRows = 4;  // 4 rows x 3 vectors fill 12 of 16 vector registers
 constexpr int kPanelVectors = 24;  // a task's columns, in vectors (divisible by 8, 6 and 3)
 constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
 constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
-constexpr int64_t kWorkPerThread = 1 << 18;  // multiply-adds that pay for waking a thread
+// Multiply-adds that pay for waking a thread: 256 KB of an fp32 weight, about 20 us for one
+// thread to read. (At four times this, the one-row products of a 768 x 512 weight, a shared
+// expert's, ran on one thread at 14 GB/s: 115 us against 67 us on two.)
+constexpr int64_t kWorkPerThread = 1 << 16;
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
@@ -160,52 +163,57 @@ void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, 
   }
 }
 
-// One block of rows of a panel for one group of x's rows, in sub-tiles whose accumulators fit
-// the registers: the fewer the rows, the wider the sub-tile and the longer each read of w.
+// One block of rows of `vectors` columns' vectors for one group of x's rows, in sub-tiles whose
+// accumulators fit the registers: the fewer the rows, the wider the sub-tile and the longer each
+// read of w. A task's columns are not always a multiple of the sub-tile (an even split of a
+// narrow weight), so the last few vectors take narrower tiles.
 template <typename W>
-void Panel(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0,
-           int64_t k1) {
+void Panel(int rows, int64_t vectors, const float* x, const W* w, float* y, int64_t k, int64_t n,
+           int64_t k0, int64_t k1) {
   const int sub = rows <= kRows / 4 ? 8 : rows <= kRows / 2 ? 6 : 3;
-  for (int v = 0; v < kPanelVectors; v += sub) {
+  int64_t v = 0;
+  for (; v + sub <= vectors; v += sub) {
     const int64_t c = v * kLanes;
     if (sub == 8) Rows<8>(rows, x, w + c, y + c, k, n, k0, k1);
     if (sub == 6) Rows<6>(rows, x, w + c, y + c, k, n, k0, k1);
     if (sub == 3) Rows<3>(rows, x, w + c, y + c, k, n, k0, k1);
   }
+  for (; v + 3 <= vectors; v += 3) Rows<3>(rows, x, w + v * kLanes, y + v * kLanes, k, n, k0, k1);
+  for (; v < vectors; ++v) Rows<1>(rows, x, w + v * kLanes, y + v * kLanes, k, n, k0, k1);
 }
 
-// Column panels of an N-column product: full panels plus one tail task when N is not a multiple.
-inline int64_t PanelCount(int64_t n) {
-  const int64_t panel = kPanelVectors * kLanes;
-  return n / panel + (n % panel > 0);
-}
+// How an N-column product is split into tasks of whole vectors: panels of kPanelVectors where
+// there are enough of them to keep every thread busy, else the columns split evenly over the
+// threads. (Fixed panels split a 512-column weight into 384 and 128 columns, so one of two
+// threads did three quarters of the work.) The columns after the last whole vector go with the
+// last task.
+struct Columns {
+  int64_t tasks;
+  int64_t vectors;  // whole vectors in N
+  int width;        // columns after them
 
-// y[0:m, panel p] = x[0:m, :] @ w[:, panel p], rows strided by k (x) and n (w, y).
+  Columns(int64_t n, int64_t threads) : vectors(n / kLanes), width(static_cast<int>(n % kLanes)) {
+    const int64_t panels = std::max<int64_t>(1, (vectors + kPanelVectors - 1) / kPanelVectors);
+    tasks = std::min(std::max<int64_t>(1, vectors), (panels + threads - 1) / threads * threads);
+  }
+  int64_t First(int64_t task) const { return task * vectors / tasks; }  // in vectors
+};
+
+// y[0:m, task's columns] = x[0:m, :] @ w[:, task's columns], rows strided by k (x) and n (w, y).
 template <typename W>
-void MultiplyPanel(int64_t p, const float* x, const W* w, float* y, int64_t m, int64_t k,
-                   int64_t n) {
-  const int64_t panel = kPanelVectors * kLanes;
-  const int64_t panels = n / panel;
-  const int64_t vectors = (n % panel) / kLanes;  // whole vectors after the panels
-  const int width = static_cast<int>(n % kLanes);  // columns after those
-  const int64_t c = p * panel;
+void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const W* w, float* y,
+                     int64_t m, int64_t k, int64_t n) {
+  const int64_t first = columns.First(task), last = columns.First(task + 1);
+  const bool tail = task == columns.tasks - 1 && columns.width > 0;
+  const int64_t c = first * kLanes, at = (last - first) * kLanes;
   for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
     const int64_t k1 = std::min(k, k0 + kBlock);
     for (int64_t r = 0; r < m; r += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
       const float* xr = x + r * k;
       float* yr = y + r * n + c;
-      if (p < panels) {
-        Panel(rows, xr, w + c, yr, k, n, k0, k1);
-        continue;
-      }
-      for (int64_t v = 0; v < vectors; ++v) {
-        Rows<1>(rows, xr, w + c + v * kLanes, yr + v * kLanes, k, n, k0, k1);
-      }
-      if (width > 0) {
-        const int64_t at = vectors * kLanes;
-        Rows<1, true>(rows, xr, w + c + at, yr + at, k, n, k0, k1, width);
-      }
+      Panel(rows, last - first, xr, w + c, yr, k, n, k0, k1);
+      if (tail) Rows<1, true>(rows, xr, w + c + at, yr + at, k, n, k0, k1, columns.width);
     }
   }
 }

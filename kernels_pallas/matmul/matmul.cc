@@ -40,13 +40,13 @@ using flipjax::rows::Bf16;
 template <typename W>
 void Multiply(ffi::ThreadPool& threads, const float* xp, const W* wp, float* yp, int64_t m,
               int64_t k, int64_t n) {
-  const int64_t max_threads = std::max<int64_t>(1, m * k * n / flipjax::rows::kWorkPerThread);
-  flipjax::ParallelFor(threads, flipjax::rows::PanelCount(n), 2, max_threads,
-                       [=](int64_t first, int64_t last) {
-                         for (int64_t p = first; p < last; ++p) {
-                           flipjax::rows::MultiplyPanel(p, xp, wp, yp, m, k, n);
-                         }
-                       });
+  const int64_t n_threads = flipjax::Threads(threads, m * k * n, flipjax::rows::kWorkPerThread);
+  const flipjax::rows::Columns columns(n, n_threads);
+  flipjax::ParallelFor(threads, columns.tasks, 2, n_threads, [=](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      flipjax::rows::MultiplyColumns(columns, t, xp, wp, yp, m, k, n);
+    }
+  });
 }
 
 ffi::Error CheckShapes(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd) {

@@ -62,20 +62,24 @@ ffi::Error Multiply(ffi::ThreadPool& threads, ffi::Buffer<ffi::F32>& x, const W*
   const float* xp = x.typed_data();
   float* yp = y->typed_data();
   std::memset(yp + first[groups] * n, 0, (m - first[groups]) * n * sizeof(float));
-  // One task per (group with rows, column panel); a group's rows share each panel's reads.
-  const int64_t panels = flipjax::rows::PanelCount(n);
+  // One task per (group with rows, columns); a group's rows share each task's reads of w.
   std::vector<int64_t> busy;
   for (int64_t g = 0; g < groups; ++g) {
     if (sizes[g] > 0) busy.push_back(g);
   }
-  const int64_t tasks = static_cast<int64_t>(busy.size()) * panels;
-  const int64_t work = first[groups] * k * n;
-  const int64_t max_threads = std::max<int64_t>(1, work / flipjax::rows::kWorkPerThread);
-  flipjax::ParallelFor(threads, tasks, 2, max_threads, [&](int64_t begin, int64_t end) {
+  const int64_t n_threads =
+      flipjax::Threads(threads, first[groups] * k * n, flipjax::rows::kWorkPerThread);
+  // Each group's columns are split for the threads only when there are fewer groups than
+  // threads; else whole groups keep them busy.
+  const int64_t per_group = std::max<int64_t>(
+      1, n_threads / std::max<int64_t>(1, static_cast<int64_t>(busy.size())));
+  const flipjax::rows::Columns columns(n, per_group);
+  const int64_t tasks = static_cast<int64_t>(busy.size()) * columns.tasks;
+  flipjax::ParallelFor(threads, tasks, 2, n_threads, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t g = busy[t / panels], p = t % panels;
-      flipjax::rows::MultiplyPanel(p, xp + first[g] * k, w + g * k * n, yp + first[g] * n,
-                                   first[g + 1] - first[g], k, n);
+      const int64_t g = busy[t / columns.tasks], c = t % columns.tasks;
+      flipjax::rows::MultiplyColumns(columns, c, xp + first[g] * k, w + g * k * n,
+                                     yp + first[g] * n, first[g + 1] - first[g], k, n);
     }
   });
   return ffi::Error::Success();

@@ -40,10 +40,14 @@ def _operands(rows: int, k: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.
 
 
 # Columns: whole panels (384 with AVX-512, 192 with AVX2), whole vectors after them, a part
-# vector after those, and a product narrower than one vector. Rows: groups of 8 (4) and the
-# rows left over. K crosses the 64-row blocks.
+# vector after those, and a product narrower than one vector; products large enough for two
+# threads, whose columns are split evenly between them into tasks that are not a whole number
+# of sub-tiles (37 vectors: 18 and 19). Rows: groups of 8 (4) and the rows left over. K
+# crosses the 64-row blocks.
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17])
-@pytest.mark.parametrize("k,n", [(1, 5), (7, 16), (65, 821), (130, 384), (64, 397)])
+@pytest.mark.parametrize(
+    "k,n", [(1, 5), (7, 16), (65, 821), (130, 384), (64, 397), (300, 597), (700, 176)]
+)
 def test_the_kernel_is_the_float64_product(rows, k, n):
     x, w = _operands(rows, k, n)
     want = x.astype(np.float64) @ w.astype(np.float64)
