@@ -42,6 +42,7 @@ DTYPES = ("float32", "bfloat16")
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
 ROUNDS = 5
+TIE = 0.03  # the kernel at most this much slower than XLA's dot: a tie, as noise goes
 MAX_ROWS = 1 << 16
 CACHE_SUFFIX = ".rows.json"
 
@@ -121,20 +122,29 @@ def choose(times: Times) -> dict[str, range]:
     """Per dtype, the run of consecutive candidates over which the kernel saves the most (the
     sum of 1 - native/XLA time: a batch of each size counts alike), from its first row count to
     its last; none where it saves nothing. A run may bridge one candidate the kernel lost by
-    less than its neighbours won, as noise on a busy machine does."""
+    less than its neighbours won, as noise on a busy machine does, and takes in the candidates
+    at either end where the two tie (within `TIE`): one row is a matvec on either path, bound by
+    reading the weight, so which wins there is noise (one calibration gave it to XLA by 1.3%,
+    and its one-row decode steps then took 9% longer than the kernel's), and the kernel gives a
+    row the same result whatever the rows beside it."""
     choice = {}
     for name, by_rows in times.items():
         rows = sorted(by_rows)
-        best, best_span = 0.0, range(0)
+        ratio = [by_rows[m][0] / by_rows[m][1] for m in rows]
+        best, first, last = 0.0, 0, -1
         total, start = 0.0, 0
-        for i, m in enumerate(rows):
-            native_s, xla_s = by_rows[m]
+        for i in range(len(rows)):
             if total <= 0:
                 total, start = 0.0, i
-            total += 1 - native_s / xla_s
+            total += 1 - ratio[i]
             if total > best:
-                best, best_span = total, range(rows[start], m + 1)
-        choice[name] = best_span
+                best, first, last = total, start, i
+        if last >= 0:
+            while first > 0 and ratio[first - 1] <= 1 + TIE:
+                first -= 1
+            while last + 1 < len(rows) and ratio[last + 1] <= 1 + TIE:
+                last += 1
+        choice[name] = range(rows[first], rows[last] + 1) if last >= 0 else range(0)
     return choice
 
 
