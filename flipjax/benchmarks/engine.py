@@ -2,10 +2,14 @@
 
 Both run the same random-weight checkpoint in the same dtype (fp32 unless `--dtype`) on
 128-token prompts, greedy, cold (flipjax's prefix cache is flushed before every run). For each
-batch size: prefill rate = prompt tokens / time to the first token; decode rate = batch * 64 /
-(time for 65 tokens - time for 1). As transformers' `generate` does, flipjax prefills the whole
-batch before its first decode step (its prefill budget covers every prompt), so both decode
-rates time 64 steps of the full batch. Two bounds on a decode step are measured in the same run: the
+batch size, both timed within one run of 65 tokens (the better of two runs): prefill rate =
+prompt tokens / time to the batch's first token; decode rate = batch * 64 / time from the first
+token to the last (flipjax's outputs carry both times; transformers' are read by a streamer).
+Timing a 1-token run and a 65-token run apart and taking the difference, as this bench once did,
+made a slowdown of the machine during the short run into a decode rate above the weight-read
+bound. As transformers' `generate` does, flipjax prefills the whole batch before its first
+decode step (its prefill budget covers every prompt), so both decode rates time 64 steps of the
+full batch. Two bounds on a decode step are measured in the same run: the
 weight read (a matvec over the weight bytes: every weight is read once per step) and the
 matmuls (the step's GEMM FLOPs at the rate of an [batch, 768] x [768, 32000] GEMM); each batch
 reports the fraction of either bound flipjax reaches.
@@ -86,18 +90,50 @@ class Timing:
     peak_mb: float
 
 
-def measure(run: Callable[[int], None], batch: int, prompt_len: int, decode: int) -> Timing:
-    """run(n) generates n tokens for the whole batch; best of two of each length."""
+def measure(
+    run: Callable[[int], tuple[float, float]], batch: int, prompt_len: int, decode: int
+) -> Timing:
+    """run(n) generates n tokens for the whole batch and returns the seconds to its first token
+    and from there to its last; the better of two runs of each."""
     with PeakRSS() as mem:
-        t1 = min(timed(lambda: run(1)) for _ in range(2))
-        tn = min(timed(lambda: run(decode + 1)) for _ in range(2))
-    return Timing(batch * prompt_len / t1, batch * decode / (tn - t1), mem.peak_delta / 2**20)
+        runs = [run(decode + 1) for _ in range(2)]
+    prefill_s = min(first for first, _ in runs)
+    decode_s = min(rest for _, rest in runs)
+    return Timing(batch * prompt_len / prefill_s, batch * decode / decode_s, mem.peak_delta / 2**20)
 
 
 def timed(fn: Callable[[], None]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def output_times(outs: list) -> tuple[float, float]:
+    """flipjax's outputs of one batch run: seconds to the batch's first token (the prompts
+    arrive together and prefill in one step), and from there to its last token."""
+    first = max(o.ttft_s or 0.0 for o in outs)
+    return first, max(o.e2e_s for o in outs) - first
+
+
+class TokenTimes:
+    """A transformers streamer that notes when each `put` arrives: the prompt (in the versions
+    that stream it), then one per generated token."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def put(self, value: object) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def split(self, start: float, tokens: int) -> tuple[float, float]:
+        """Seconds from `start` to the first of the last `tokens` puts, and from there on."""
+        if len(self.stamps) < tokens:
+            raise RuntimeError(f"the streamer saw {len(self.stamps)} puts for {tokens} tokens")
+        first = self.stamps[-tokens]
+        return first - start, self.stamps[-1] - first
 
 
 def active_parameters(config: dict, n_params: int, batch: int, *, per_token: bool) -> float:
@@ -232,17 +268,26 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
     for batch in batches:
         prompts = rng.integers(0, config["vocab_size"], (batch, args.prompt_len))
 
-        def run_hf(n: int, prompts: np.ndarray = prompts) -> None:
+        def run_hf(n: int, prompts: np.ndarray = prompts) -> tuple[float, float]:
+            times = TokenTimes()
+            start = time.perf_counter()
             with torch.no_grad():
                 hf.generate(
-                    torch.tensor(prompts), max_new_tokens=n, min_new_tokens=n, do_sample=False
+                    torch.tensor(prompts),
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    do_sample=False,
+                    streamer=times,
                 )
+            return times.split(start, n)
 
-        def run_fj(n: int, prompts: np.ndarray = prompts) -> None:
+        def run_fj(n: int, prompts: np.ndarray = prompts) -> tuple[float, float]:
             # Cold every time, as transformers is: no run may reuse the last one's prefixes.
             engine.flush_prefix_cache()
             params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-            engine.generate([list(map(int, p)) for p in prompts], sampling=params)
+            return output_times(
+                engine.generate([list(map(int, p)) for p in prompts], sampling=params)
+            )
 
         fj = measure(run_fj, batch, args.prompt_len, args.decode_tokens)
         rows = [("flipjax", fj)]

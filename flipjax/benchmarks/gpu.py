@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure, timed
+from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure, output_times, timed
 
 # About 0.6B parameters: big enough that a decode step is not all launch overhead.
 GPU_CONFIG = dict(
@@ -93,9 +93,9 @@ def decode_and_prefill(
             engine = _engine(mode, small, batch, prompt_len)
             prompts = _prompts(batch, prompt_len)
 
-            def run(n: int, engine=engine, prompts=prompts) -> None:
+            def run(n: int, engine=engine, prompts=prompts) -> tuple[float, float]:
                 params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-                engine.generate(prompts, sampling=params)
+                return output_times(engine.generate(prompts, sampling=params))
 
             row[mode] = measure(run, batch, prompt_len, decode).decode_tok_s
         out["decode"].append(row)

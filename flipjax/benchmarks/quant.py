@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure
+from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure, output_times
 from flipjax.benchmarks.quant_quality import (
     held_out_windows,
     kl,
@@ -223,10 +223,10 @@ def _weight_speed(args: argparse.Namespace, engines: dict, base_name: str, batch
         for name in (base_name, "int8 weights"):
             engine = engines[name]
 
-            def run(n: int, engine=engine, prompts=prompts) -> None:
+            def run(n: int, engine=engine, prompts=prompts) -> tuple[float, float]:
                 engine.flush_prefix_cache()
                 params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-                engine.generate(prompts, sampling=params)
+                return output_times(engine.generate(prompts, sampling=params))
 
             timings[name] = t = measure(run, batch, args.prompt_len, args.decode_tokens)
             print(f"{batch:>5} {name:>16} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f}")

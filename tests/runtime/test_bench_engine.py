@@ -1,12 +1,23 @@
 """The engine benchmark's bounds count the parameters a decode step uses: transformers' own
-parameter names (embedding, routed experts, the rest) are the oracle."""
+parameter names (embedding, routed experts, the rest) are the oracle. Its rates are timed within
+one run, at the first token, for flipjax and transformers alike."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
-from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG, active_parameters
+from flipjax import Engine, SamplingParams
+from flipjax.benchmarks.engine import (
+    MOE_CONFIG,
+    REFERENCE_CONFIG,
+    TokenTimes,
+    active_parameters,
+    measure,
+    output_times,
+)
 
 SMALL = dict(hidden_size=64, num_hidden_layers=4, vocab_size=300, intermediate_size=96)
 SMALL_SHAPES = dict(
@@ -54,3 +65,41 @@ def test_a_dense_step_counts_every_parameter_but_the_embedding():
     assert experts == 0
     for per_token in (True, False):
         assert active_parameters(config, total, 8, per_token=per_token) == total - embed
+
+
+def test_a_run_is_timed_within_itself_so_a_slow_short_run_cannot_inflate_decode():
+    """Two runs whose first tokens came late in one and the rest late in the other: each rate
+    is the better run's own, never a difference of two runs (which had given a decode rate
+    above the weight-read bound when the machine slowed during a 1-token run)."""
+    runs = iter([(2.0, 1.0), (0.5, 3.0)])
+    timing = measure(lambda n: next(runs), batch=4, prompt_len=10, decode=64)
+    assert timing.prefill_tok_s == pytest.approx(4 * 10 / 0.5)
+    assert timing.decode_tok_s == pytest.approx(4 * 64 / 1.0)
+
+
+def test_flipjax_and_transformers_runs_split_at_their_first_token():
+    torch = pytest.importorskip("torch")
+    engine = Engine.from_pretrained("tiny", max_running_requests=2)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outs = engine.generate([[1, 2, 3], [4, 5, 6, 7]], sampling=params)
+    first, rest = output_times(outs)
+    assert 0 < first and 0 < rest
+    assert first + rest == pytest.approx(max(o.e2e_s for o in outs))
+
+    hf = Qwen3NextForCausalLM(Qwen3NextConfig(**dict(REFERENCE_CONFIG, **SMALL_SHAPES))).eval()
+    times = TokenTimes()
+    start = time.perf_counter()
+    with torch.no_grad():
+        hf.generate(
+            torch.tensor([[1, 2, 3]] * 2),
+            max_new_tokens=6,
+            min_new_tokens=6,
+            do_sample=False,
+            streamer=times,
+        )
+    end = time.perf_counter()
+    assert len(times.stamps) in (6, 7)  # the prompt too, in versions that stream it
+    first, rest = times.split(start, 6)
+    assert 0 < first and 0 < rest and start + first + rest <= end
+    with pytest.raises(RuntimeError, match="saw .* puts for 9 tokens"):
+        times.split(start, 9)
