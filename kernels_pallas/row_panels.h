@@ -22,7 +22,7 @@ constexpr int kRows = 8;  // rows per group: 8 rows x 3 vectors fill 24 of 32 ve
 constexpr int kLanes = 8;
 constexpr int kRows = 4;  // 4 rows x 3 vectors fill 12 of 16 vector registers
 #endif
-constexpr int kPanelVectors = 24;  // a task's columns, in vectors (divisible by 8, 6 and 3)
+constexpr int kPanelVectors = 24;  // the widest task, in vectors (divisible by 8, 6 and 3)
 constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
 constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
 // Multiply-adds that pay for waking a thread: 256 KB of an fp32 weight, about 20 us for one

@@ -94,7 +94,7 @@ def measure(
     run: Callable[[int], tuple[float, float]], batch: int, prompt_len: int, decode: int
 ) -> Timing:
     """run(n) generates n tokens for the whole batch and returns the seconds to its first token
-    and from there to its last; the better of two runs of each."""
+    and from there to its last; each the better of two runs."""
     with PeakRSS() as mem:
         runs = [run(decode + 1) for _ in range(2)]
     prefill_s = min(first for first, _ in runs)
