@@ -4,15 +4,12 @@ Both run the same random-weight checkpoint in the same dtype (fp32 unless `--dty
 128-token prompts, greedy, cold (flipjax's prefix cache is flushed before every run). For each
 batch size, both timed within one run of 65 tokens (the better of two runs): prefill rate =
 prompt tokens / time to the batch's first token; decode rate = batch * 64 / time from the first
-token to the last (flipjax's outputs carry both times; transformers' are read by a streamer).
-Timing a 1-token run and a 65-token run apart and taking the difference, as this bench once did,
-made a slowdown of the machine during the short run into a decode rate above the weight-read
-bound. As transformers' `generate` does, flipjax prefills the whole batch before its first
-decode step (its prefill budget covers every prompt), so both decode rates time 64 steps of the
-full batch. Two bounds on a decode step are measured in the same run: the
-weight read (a matvec over the weight bytes: every weight is read once per step) and the
-matmuls (the step's GEMM FLOPs at the rate of an [batch, 768] x [768, 32000] GEMM); each batch
-reports the fraction of either bound flipjax reaches.
+token to the last (`flipjax.benchmarks.run_timing`). As transformers' `generate` does, flipjax
+prefills the whole batch before its first decode step (its prefill budget covers every prompt),
+so both decode rates time 64 steps of the full batch. Two bounds on a decode step are measured
+in the same run: the weight read (a matvec over the weight bytes: every weight is read once
+per step) and the matmuls (the step's GEMM FLOPs at the rate of an [batch, 768] x [768, 32000]
+GEMM); each batch reports the fraction of either bound flipjax reaches.
 
 `--moe` runs the mixture-of-experts variant of the model (16 experts, top-2, and a gated shared
 expert on every layer) instead of the dense one. A step then reads only the weights its tokens
@@ -29,8 +26,6 @@ import argparse
 import os
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -43,7 +38,7 @@ from flipjax.benchmarks.machine import (
     matmul_tflops,
     matvec_seconds,
 )
-from flipjax.benchmarks.memory import PeakRSS
+from flipjax.benchmarks.run_timing import Timing, TokenTimes, measure, output_times
 from kernels_pallas import native
 
 # The reference config of the engine benchmark (about 133M parameters).
@@ -81,59 +76,6 @@ MOE_CONFIG = dict(
     decoder_sparse_step=1,
 )
 PEERS = ("transformers", "llama.cpp")
-
-
-@dataclass
-class Timing:
-    prefill_tok_s: float
-    decode_tok_s: float
-    peak_mb: float
-
-
-def measure(
-    run: Callable[[int], tuple[float, float]], batch: int, prompt_len: int, decode: int
-) -> Timing:
-    """run(n) generates n tokens for the whole batch and returns the seconds to its first token
-    and from there to its last; each the better of two runs."""
-    with PeakRSS() as mem:
-        runs = [run(decode + 1) for _ in range(2)]
-    prefill_s = min(first for first, _ in runs)
-    decode_s = min(rest for _, rest in runs)
-    return Timing(batch * prompt_len / prefill_s, batch * decode / decode_s, mem.peak_delta / 2**20)
-
-
-def timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def output_times(outs: list) -> tuple[float, float]:
-    """flipjax's outputs of one batch run: seconds to the batch's first token (the prompts
-    arrive together and prefill in one step), and from there to its last token."""
-    first = max(o.ttft_s or 0.0 for o in outs)
-    return first, max(o.e2e_s for o in outs) - first
-
-
-class TokenTimes:
-    """A transformers streamer that notes when each `put` arrives: the prompt (in the versions
-    that stream it), then one per generated token."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-
-    def put(self, value: object) -> None:
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-    def split(self, start: float, tokens: int) -> tuple[float, float]:
-        """Seconds from `start` to the first of the last `tokens` puts, and from there on."""
-        if len(self.stamps) < tokens:
-            raise RuntimeError(f"the streamer saw {len(self.stamps)} puts for {tokens} tokens")
-        first = self.stamps[-tokens]
-        return first - start, self.stamps[-1] - first
 
 
 def active_parameters(config: dict, n_params: int, batch: int, *, per_token: bool) -> float:

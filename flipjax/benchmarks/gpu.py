@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure, output_times, timed
+from flipjax.benchmarks.engine import REFERENCE_CONFIG
+from flipjax.benchmarks.run_timing import measure, output_times, timed
 
 # About 0.6B parameters: big enough that a decode step is not all launch overhead.
 GPU_CONFIG = dict(

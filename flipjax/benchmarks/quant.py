@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from flipjax.benchmarks.engine import REFERENCE_CONFIG, measure, output_times
+from flipjax.benchmarks.engine import REFERENCE_CONFIG
 from flipjax.benchmarks.quant_quality import (
     held_out_windows,
     kl,
@@ -42,6 +42,7 @@ from flipjax.benchmarks.quant_quality import (
     prompt_logits,
     task_rows,
 )
+from flipjax.benchmarks.run_timing import measure, output_times
 
 VARIANTS: dict[str, dict[str, str]] = {
     "int8 weights": dict(quantization="int8"),

@@ -22,7 +22,7 @@ import argparse
 import functools
 from typing import Any
 
-from flipjax.benchmarks.engine import timed
+from flipjax.benchmarks.run_timing import timed
 from flipjax.train import corpus
 from flipjax.train.report import held_out_signatures
 

@@ -10,14 +10,8 @@ import pytest
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
 from flipjax import Engine, SamplingParams
-from flipjax.benchmarks.engine import (
-    MOE_CONFIG,
-    REFERENCE_CONFIG,
-    TokenTimes,
-    active_parameters,
-    measure,
-    output_times,
-)
+from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG, active_parameters
+from flipjax.benchmarks.run_timing import TokenTimes, measure, output_times
 
 SMALL = dict(hidden_size=64, num_hidden_layers=4, vocab_size=300, intermediate_size=96)
 SMALL_SHAPES = dict(

@@ -1,0 +1,67 @@
+"""How the benchmarks time a batch run: prefill and decode rates from one run each, split at
+the batch's first token. flipjax's outputs carry the times (`output_times`); transformers'
+first token is noted by a streamer (`TokenTimes`). Timing a 1-token and a 65-token run apart
+and taking the difference, as `bench engine` once did, made a slowdown of the machine during
+the short run into a decode rate above the weight-read bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flipjax.benchmarks.memory import PeakRSS
+
+
+@dataclass
+class Timing:
+    prefill_tok_s: float
+    decode_tok_s: float
+    peak_mb: float
+
+
+def measure(
+    run: Callable[[int], tuple[float, float]], batch: int, prompt_len: int, decode: int
+) -> Timing:
+    """run(n) generates n tokens for the whole batch and returns the seconds to its first token
+    and from there to its last; each the better of two runs."""
+    with PeakRSS() as mem:
+        runs = [run(decode + 1) for _ in range(2)]
+    prefill_s = min(first for first, _ in runs)
+    decode_s = min(rest for _, rest in runs)
+    return Timing(batch * prompt_len / prefill_s, batch * decode / decode_s, mem.peak_delta / 2**20)
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def output_times(outs: list) -> tuple[float, float]:
+    """flipjax's outputs of one batch run: seconds to the batch's first token (the prompts
+    arrive together and prefill in one step), and from there to its last token."""
+    first = max(o.ttft_s or 0.0 for o in outs)
+    return first, max(o.e2e_s for o in outs) - first
+
+
+class TokenTimes:
+    """A transformers streamer that notes when each `put` arrives: the prompt (in the versions
+    that stream it), then one per generated token."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def put(self, value: object) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def split(self, start: float, tokens: int) -> tuple[float, float]:
+        """Seconds from `start` to the first of the last `tokens` puts, and from there on."""
+        if len(self.stamps) < tokens:
+            raise RuntimeError(f"the streamer saw {len(self.stamps)} puts for {tokens} tokens")
+        first = self.stamps[-tokens]
+        return first - start, self.stamps[-1] - first
