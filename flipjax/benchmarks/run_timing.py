@@ -8,10 +8,11 @@ the short run into a decode rate above the weight-read bound.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from flipjax.benchmarks.memory import PeakRSS
+from flipjax.engine.outputs import Output
 
 
 @dataclass
@@ -39,7 +40,7 @@ def timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - t0
 
 
-def output_times(outs: list) -> tuple[float, float]:
+def output_times(outs: Sequence[Output]) -> tuple[float, float]:
     """flipjax's outputs of one batch run: seconds to the batch's first token (the prompts
     arrive together and prefill in one step), and from there to its last token."""
     first = max(o.ttft_s or 0.0 for o in outs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
 from flipjax import Engine, SamplingParams
@@ -72,7 +73,6 @@ def test_a_run_is_timed_within_itself_so_a_slow_short_run_cannot_inflate_decode(
 
 
 def test_flipjax_and_transformers_runs_split_at_their_first_token():
-    torch = pytest.importorskip("torch")
     engine = Engine.from_pretrained("tiny", max_running_requests=2)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = engine.generate([[1, 2, 3], [4, 5, 6, 7]], sampling=params)
