@@ -10,6 +10,11 @@ Quality of each variant against the unquantized one:
 - top-1 agreement at those positions (the same prefix given to both: a greedy choice each);
 - free-running greedy agreement: how many of `--agree-tokens` greedy tokens match before the
   first difference, and the share of positions equal, over the same prompts;
+- the floor of each measure: the same rows for the unquantized model in the other float dtype
+  (float32 against bf16, bf16 against float32), a change of rounding alone. In bf16 any
+  perturbation, int8 rounding included, reorders bf16's own roundings, so against a bf16 base
+  no variant's greedy agreement can be read above this row's; `--dtype float32` measures a
+  variant in float32 arithmetic, where its own error is all that differs.
 - lm-eval: its harness scoring a local multiple-choice task through each engine; the mean and
   largest |delta| of its loglikelihoods, and its accuracy.
 
@@ -36,6 +41,7 @@ import numpy as np
 
 from flipjax.benchmarks.engine import REFERENCE_CONFIG
 from flipjax.benchmarks.quant_quality import (
+    greedy_agreement,
     held_out_windows,
     kl,
     lm_eval_loglikelihoods,
@@ -109,7 +115,7 @@ def _run(args: argparse.Namespace, folder: Path) -> None:
         engine.warmup()
     _sizes(engines, base_name)
     _load_peaks(args.dtype, folder, engines, base_name)
-    _quality(args, folder, engines, base_name)
+    _quality(args, folder, engines, base_name, options)
     _weight_speed(args, engines, base_name, batches)
     _kv_speed(args, engines, base_name, kv_batches)
 
@@ -159,8 +165,10 @@ def load_peak(folder: str, dtype: str, quantization: str) -> int:
     return mem.peak_delta
 
 
-def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: str) -> None:
-    from flipjax import SamplingParams
+def _quality(
+    args: argparse.Namespace, folder: Path, engines: dict, base_name: str, options: dict
+) -> None:
+    from flipjax import Engine, SamplingParams
 
     vocab = engines[base_name].info.model.vocab_size
     if args.model is None:
@@ -172,12 +180,17 @@ def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: s
         prompts = held_out_windows(engines[base_name].info.tokenizer, args.prompts, args.prompt_len)
     greedy = SamplingParams(temperature=0, max_tokens=args.agree_tokens, ignore_eos=True)
     rows = task_rows(vocab)
+    other = "float32" if args.dtype == "bfloat16" else "bfloat16"
+    floor = f"{other} (floor)"
+    variants = {floor: dict(dtype=other), **VARIANTS}
+    compared = dict(engines)
+    compared[floor] = Engine.from_pretrained(str(folder), **dict(options, dtype=other))
     logits, runs, scores = {}, {}, {}
-    for name, engine in engines.items():
-        variant = VARIANTS.get(name, {})
+    for name, engine in compared.items():
+        variant = variants.get(name, {})
         logits[name] = prompt_logits(
             str(folder),
-            args.dtype,
+            variant.get("dtype", args.dtype),
             variant.get("quantization"),
             variant.get("kv_cache_dtype", "auto"),
             prompts,
@@ -195,18 +208,13 @@ def _quality(args: argparse.Namespace, folder: Path, engines: dict, base_name: s
         f"{'first diff (median)':>20} {'equal':>6} {'lm-eval mean|d|':>15} {'max|d|':>7} "
         f"{'acc':>5}"
     )
-    for name in VARIANTS:
+    for name in variants:
         b, (ll, acc) = logits[name], scores[name]
-        prefixes, equal = [], 0
-        for x, y in zip(runs[base_name], runs[name], strict=True):
-            differ = [i for i, (s, t) in enumerate(zip(x, y, strict=True)) if s != t]
-            prefixes.append(differ[0] if differ else len(x))
-            equal += sum(s == t for s, t in zip(x, y, strict=True))
+        first, same = greedy_agreement(runs[base_name], runs[name])
         delta, top1 = np.abs(ll - base_ll), np.mean(a.argmax(-1) == b.argmax(-1))
-        same = equal / (args.prompts * args.agree_tokens)
         print(
             f"{name:>16} {np.abs(a - b).max():>11.4f} {kl(a, b):>9.2e} {top1:>10.1%} "
-            f"{int(np.median(prefixes)):>20} {same:>6.0%} "
+            f"{first:>20} {same:>6.0%} "
             f"{delta.mean():>15.4f} {delta.max():>7.4f} {acc:>5.2f}"
         )
 

@@ -4,6 +4,7 @@ change in the bench model's outputs, against the unquantized model with float pa
 - `prompt_logits`: every prompt position's logits, the prompt written into KV pages of the
   variant's dtype and read back through the paged attention the engine runs;
 - `kl`: the mean KL(reference || variant) of two such logit sets;
+- `greedy_agreement`: how far two engines' free-running greedy runs of the same prompts agree;
 - `lm_eval_loglikelihoods`: lm-eval's own harness scoring a local multiple-choice task through
   an engine's prompt logprobs (`EngineLM`; what lm-eval reads through the server, as
   `tests/serve/test_lm_eval.py` shows), so the deltas are the harness's loglikelihoods.
@@ -92,6 +93,24 @@ def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
 
     lp, lq = log_softmax(p_logits), log_softmax(q_logits)
     return float(np.mean(np.sum(np.exp(lp) * (lp - lq), axis=-1)))
+
+
+def greedy_agreement(base: list[list[int]], other: list[list[int]]) -> tuple[int, float]:
+    """Two sets of greedy runs of the same prompts: the median index of each run's first
+    differing token (its length where none differs), and the share of positions equal.
+
+    After a first difference the two runs continue different texts, so the share counts the
+    positions where they happen to meet again; one flipped near-tie early in a run costs most
+    of that run."""
+    firsts, equal, total = [], 0, 0
+    for x, y in zip(base, other, strict=True):
+        if len(x) != len(y):
+            raise ValueError(f"greedy_agreement: runs of {len(x)} and {len(y)} tokens")
+        differ = [i for i, (s, t) in enumerate(zip(x, y, strict=True)) if s != t]
+        firsts.append(differ[0] if differ else len(x))
+        equal += len(x) - len(differ)
+        total += len(x)
+    return int(np.median(firsts)), equal / total
 
 
 def held_out_windows(tokenizer: Any, count: int, length: int) -> list[list[int]]:
