@@ -72,6 +72,19 @@ def test_seeded_sampling_gives_the_same_tokens(engines):
     assert got == want
 
 
+def test_bf16_verify_steps_give_decodings_logprobs_bit_for_bit():
+    """In bf16 a verify step rounds each position as a decode step does (flipjax turns off
+    XLA's excess precision), so not only the tokens but every logprob is decoding's."""
+    params = SamplingParams(temperature=0, max_tokens=48, logprobs=1)
+    base, spec = plain(dtype="bfloat16", overlap=False), speculative(3, dtype="bfloat16")
+    want = base.generate(PROMPTS[:2], sampling=params)
+    got = spec.generate(PROMPTS[:2], sampling=params)
+    for w, g in zip(want, got, strict=True):
+        assert g.token_ids == w.token_ids
+        assert [e.logprob for e in g.logprobs] == [e.logprob for e in w.logprobs]
+    assert spec.stats().speculative.accepted > 0
+
+
 def _chi_square(a: list[int], b: list[int]) -> float:
     """Pearson's statistic for two samples of one categorical variable coming from the same
     distribution (a 2 x categories table, categories with no draws left out)."""
