@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-if "XLA_FLAGS" not in os.environ:  # on the CPU, give the layouts eight devices to use
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from flipjax.benchmarks.cpu_devices import ask_for_cpu_devices
+
+ask_for_cpu_devices()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 from dataclasses import dataclass
 
+from flipjax.benchmarks.cpu_devices import ask_for_cpu_devices
 from sharding.governor import Governor
 from sharding.policy import FlipCosts, FlipTo, PolicyConfig, Snapshot, Throughput
 
@@ -103,7 +103,7 @@ def simulate(rates: dict, start: str, policy: bool, batch: int = 64, budget: int
 
 def measured_rates() -> dict:
     """Prefill and decode rates of the tiny model in pp:5,3 and tp:2 on this machine."""
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    ask_for_cpu_devices()
     from flipjax.engine.engine import Engine
     from flipjax.engine.pilot import Autopilot
 
