@@ -11,13 +11,13 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-# A bf16 row must round the same in every program that computes it: a decode step and a
-# speculative verify step, a chunk of a prefill and the whole prompt. By default XLA may keep a
-# bf16 value in f32 within a fusion ("excess precision"), so where it rounds depends on how the
-# program was fused, and a verify step's logits differed from decoding's at every position (by
-# up to 0.03 in logprob; greedy runs parted after tens of tokens). XLA reads its flags when its
-# first backend starts: set here unless the process chose this flag itself. It costs nothing
-# measurable in float32 (nothing to round) and no decode rate in bf16 (README, "Exactness").
+# A bf16 row must round the same in every program that computes it, such as a decode step and
+# a speculative verify step. By default XLA may keep a bf16 value in f32 within a fusion
+# ("excess precision"), so where it rounds depends on how the program was fused, and a verify
+# step's logits differed from decoding's at every position (by up to 0.03 in logprob; greedy
+# runs parted after tens of tokens). XLA reads its flags when its first backend starts: set
+# here unless the process chose this flag itself. It costs nothing measurable in float32
+# (nothing to round) and no decode rate in bf16 (README, speculative decoding).
 _EXACT_BF16 = "--xla_allow_excess_precision=false"
 if "xla_allow_excess_precision" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_EXACT_BF16}".strip()
