@@ -161,12 +161,18 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
         return kernel if mesh is None else head_parallel.delta_rule(kernel, mesh)
     if num_tokens == 1:
         return gdn_reference.delta_rule_recurrent
-    form = _pinned_form.get() or os.environ.get(PREFILL_FORM_ENV)
-    form = form or ("recurrent" if jax.default_backend() == "cpu" else "chunked")
+    form = prefill_form()
     if form not in ("chunked", "recurrent"):
         raise ValueError(f"GDN prefill form: {form!r} is neither 'chunked' nor 'recurrent'")
     chunked = form == "chunked"
     return gdn_reference.delta_rule_chunked if chunked else gdn_reference.delta_rule_recurrent
+
+
+def prefill_form() -> str:
+    """The reference delta rule's prefill form for programs traced now: the pinned one, else
+    `FLIPJAX_GDN_PREFILL`, else the backend's default."""
+    form = _pinned_form.get() or os.environ.get(PREFILL_FORM_ENV)
+    return form or ("recurrent" if jax.default_backend() == "cpu" else "chunked")
 
 
 def pooled_delta_rule(
@@ -211,11 +217,10 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
     """`x [..., K] @ (q [K, N] * scale [N])` for an int8 weight with per-column scales, in x's
     dtype, accumulated in fp32, without a dequantized copy of the weight where the kernels run.
 
-    In `native` mode `int8_matmul` chooses by row count: the native matmul, widening the int8
-    weight as it streams it, or XLA's GEMM widening a block of columns at a time (XLA's plain
-    dot would first write the whole weight out in a float type, every call); under
-    `head_parallel.across` either runs per device over q's shard, `split` naming the dimension
-    the TP layout splits ("out": columns; "in": rows, the partial products summed over the mesh).
+    In `native` mode `int8_matmul` chooses by row count (the native matmul widens the weight as
+    it streams it; XLA's plain dot would write it out whole in a float type every call); under
+    `head_parallel.across` it runs per device over q's shard, `split` naming the dimension the
+    TP layout splits ("out": columns; "in": rows, partial products summed over the mesh).
     Elsewhere XLA's dot takes the widened weight: a block of columns at a time on the CPU
     (`xla_int8_matmul`), and on a GPU whole, where the widening fuses into the GEMM.
     """
@@ -240,13 +245,10 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
 def int8_matmul(rows: int, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """`(x [rows, K], q [K, N] int8) -> float32 [rows, N]` on the CPU: the native kernel up to
     the most rows this machine's calibration gives the native matmul for weights of x's dtype,
-    XLA's GEMM (widening a block of columns at a time) from there.
-
-    XLA's GEMM is the same product the unquantized model runs at those row counts, plus the
-    widening of the weight, so where XLA's dot beat the kernel on the model's own weights it
-    beats it here too (a bf16 GEMM runs at twice the fp32 rate where the CPU has bf16 dot
-    instructions). Below, the kernel reads a quarter of fp32's bytes, and wins even where
-    XLA's matvec streams as fast as it on full-precision weights (one row).
+    XLA's GEMM (widening a block of columns at a time) from there: where XLA's dot beat the
+    kernel on the model's own weights it beats it here too (bf16 GEMMs run at twice the fp32
+    rate on CPUs with bf16 dot instructions). Below, the kernel reads a quarter of fp32's
+    bytes, and wins even where XLA's matvec streams as fast as it does (one row).
     """
     calibrated = matmul_calibration.native_rows(dtype) if dtype in matmul_native.HANDLERS else ()
     if step_rows.decode_rows(rows) <= max(calibrated, default=1):
@@ -267,16 +269,14 @@ def ragged_dot(
     the experts' matmul of a mixture-of-experts layer, in x's dtype. With `scale` [G, N], w is
     int8 and each group's product is scaled per column (see `quantized_matmul`).
 
-    In `native` mode the native kernel runs (`ragged_matmul.native_binding`), for every row
-    count: XLA:CPU multiplies each row by every group and copies the whole weight per call
-    (`python -m flipjax.bench matmul --ragged` measures both). Under `head_parallel.across` it
-    runs per device over w's shard, `split` naming the dimension the TP layout splits: "out"
-    (N, the gate and up projections) or "in" (K, the down projection, whose partial products
-    are summed over the mesh). Elsewhere XLA's `ragged_dot` runs.
+    In `native` mode the native kernel runs (`ragged_matmul.native_binding`) at every row count
+    (XLA:CPU multiplies each row by every group, copying the weight per call: `bench matmul
+    --ragged`), per device over w's shard under `head_parallel.across`, `split` naming the
+    dimension TP splits: "out" (N) or "in" (K, partial products summed over the mesh).
+    Elsewhere XLA's `ragged_dot` runs.
     """
     if split not in ("in", "out"):
         raise ValueError(f"ragged_dot: split must be 'in' or 'out', got {split!r}")
-    mesh = head_parallel.current()
     if not _native_here():
         if scale is None:
             return jax.lax.ragged_dot(x, w, group_sizes)
@@ -290,7 +290,7 @@ def ragged_dot(
             y = kernel(x.astype(jnp.float32), w, group_sizes)
             return y if scale is not None else y.astype(x.dtype)  # scaled in fp32 below
 
-        if mesh is not None:
+        if (mesh := head_parallel.current()) is not None:
             run = head_parallel.ragged_matmul(run, mesh, split, w.shape)
         y = run(x, w, group_sizes)
     if scale is not None:

@@ -133,11 +133,21 @@ def target(name: str, isa: str | None = None) -> str:
 def _target(name: str, isa: str) -> str:
     library = ctypes.cdll.LoadLibrary(str(build(SOURCE_OF.get(name, name), isa)))
     symbol = "Flipjax" + "".join(part.title() for part in name.split("_"))
-    ffi_name = f"flipjax_{name}" if isa == "native" else f"flipjax_{name}_{isa.replace('-', '_')}"
+    ffi_name = _ffi_name(name, isa)
     jax.ffi.register_ffi_target(
         ffi_name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu"
     )
     return ffi_name
+
+
+def _ffi_name(name: str, isa: str) -> str:
+    return f"flipjax_{name}" if isa == "native" else f"flipjax_{name}_{isa.replace('-', '_')}"
+
+
+def ffi_names() -> tuple[str, ...]:
+    """Every FFI target name these kernels can be registered under (each kernel, each
+    instruction set), whether built here or not."""
+    return tuple(_ffi_name(name, isa) for name in KERNELS for isa in ISAS)
 
 
 def build(name: str, isa: str = "native") -> Path:

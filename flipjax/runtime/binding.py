@@ -38,6 +38,7 @@ from flipjax.runtime.paged import (
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.pool_programs import placed_zeros
 from flipjax.runtime.program_cache import PROGRAMS
+from flipjax.runtime.program_store import compile_program
 from flipjax.runtime.stage_chain import Shape, StageChain
 from flipjax.runtime.stages import ModelParts, stage_params
 
@@ -223,15 +224,14 @@ def compile_programs(
         )
         leaves, tree = jax.tree.flatten(stage_params(params, span))
         writer = write_chain if verify else write_slots
-        write_fn = jax.jit(writer, donate_argnums=(0,), out_shardings=gdn_sh)
+        write_jit = dict(donate_argnums=(0,), out_shardings=gdn_sh)
         for b, t in shapes:
             key = binding._key(s, (b, t), scoring, verify)
             if key in PROGRAMS:
                 continue
             in_place = updates_in_place(cfg, binding.kernels, mesh, 1 if verify else t)
             in_place_sh = (gdn_sh, tuple(GDNState(None, row(g.conv)) for g in gdn_sh))
-            step_fn = jax.jit(
-                functools.partial(_from_leaves, tree, stage_fn),
+            step_jit = dict(
                 donate_argnums=(1, 2) if in_place else (1,),
                 out_shardings=(out_sh, kv_sh, in_place_sh if in_place else rows_sh),
             )
@@ -243,16 +243,22 @@ def compile_programs(
             )
             # The targets of a scoring step, or the chain of a verify step's GDN states.
             extra = (ints((b, t)),) if scoring is not None or verify else ()
-            step = step_fn.lower(
-                tuple(leaves),
-                kv,
-                gdn,
-                x,
-                ints((b, t)),
-                ints((b, binding.table_width)),
-                ints((b,)),
-                *extra,
-            ).compile(step_compiler_options(mesh, binding.dtype, b * t))
+            step = compile_program(
+                (*key, "step"),
+                functools.partial(_from_leaves, tree, stage_fn),
+                step_jit,
+                (
+                    tuple(leaves),
+                    kv,
+                    gdn,
+                    x,
+                    ints((b, t)),
+                    ints((b, binding.table_width)),
+                    ints((b,)),
+                    *extra,
+                ),
+                step_compiler_options(mesh, binding.dtype, b * t),
+            )
             per_row = (b, t) if verify else (b,)  # a verify step keeps every position's state
             rows = tuple(
                 GDNState(
@@ -267,7 +273,7 @@ def compile_programs(
                 )
                 for pool in gdn
             )
-            write = write_fn.lower(gdn, ints(per_row), rows).compile()
+            write = compile_program((*key, "write"), writer, write_jit, (gdn, ints(per_row), rows))
             PROGRAMS[key] = (step, write, in_place)
 
 
