@@ -27,13 +27,14 @@ import logging
 import os
 import platform
 import shutil
-import stat
 import subprocess
 import tempfile
 from pathlib import Path
 
 import jax
 import jaxlib
+
+from kernels_pallas.private_files import private_problem
 
 CACHE_ENV = "FLIPJAX_NATIVE_CACHE"
 # The instruction set the engine's kernels are built for (one of `ISAS`; default `native`), so a
@@ -210,20 +211,6 @@ def cached_beside(name: str, isa: str, suffix: str) -> Path:
     measures again."""
     library = _library_path(name, isa)[0]
     return library.with_name(library.stem + suffix)
-
-
-def private_problem(path: Path, what: str) -> str | None:
-    """Why `path` (a "folder", or a plain file of the kind `what` names) cannot be trusted: not
-    this user's own, a link, or writable by others; None when it can."""
-    st = os.lstat(path)
-    kind = stat.S_ISDIR if what == "folder" else stat.S_ISREG
-    if not kind(st.st_mode):
-        return f"is not a plain {what}"
-    if st.st_uid != os.geteuid():
-        return f"is owned by uid {st.st_uid}, not this user ({os.geteuid()})"
-    if st.st_mode & 0o022:
-        return f"can be written by group or others (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
 
 
 def _check_private(path: Path, what: str) -> None:

@@ -15,9 +15,9 @@ sees half of one.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +26,7 @@ import flax
 import jax
 import numpy as np
 
-from kernels_pallas.native import private_problem
+from kernels_pallas.private_files import private_problem, write_private
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "FLIPJAX_TINY_CACHE"  # a folder, or "off"
@@ -94,22 +94,11 @@ def _read(path: Path, abstract: list[jax.ShapeDtypeStruct]) -> list[np.ndarray] 
 
 def _write(path: Path, leaves: list[np.ndarray]) -> None:
     """Best effort: a folder that cannot be written leaves the next process to make them."""
+    # As unsigned ints of the same width: npz has no bfloat16.
+    bits = {f"w{i}": x.view(f"u{x.dtype.itemsize}") for i, x in enumerate(leaves)}
+    held = io.BytesIO()
+    np.savez(held, **bits)
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".tiny-", suffix=".npz")
+        write_private(path, held.getvalue())
     except OSError as err:
         log.info("tiny weights: not kept (%s)", err)
-        return
-    try:
-        # As unsigned ints of the same width: npz has no bfloat16.
-        bits = {f"w{i}": x.view(f"u{x.dtype.itemsize}") for i, x in enumerate(leaves)}
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **bits)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except OSError as err:
-        log.info("tiny weights: not kept (%s)", err)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)

@@ -29,7 +29,6 @@ import hashlib
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from flipjax.runtime.cache import GDNSlots, KVPages
 from flipjax.runtime.paged import Scores
 from kernels_pallas import dispatch, native
 from kernels_pallas.matmul import calibration
-from kernels_pallas.native import private_problem
+from kernels_pallas.private_files import private_problem, write_private
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "FLIPJAX_PROGRAM_CACHE"  # a folder; unset or "off": nothing kept
@@ -128,22 +127,9 @@ def _write(path: Path, exported: export.Exported) -> None:
         log.info("program store: %s not kept (%s)", exported.fun_name, err)
         return
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".program-", suffix=".bin")
+        write_private(path, payload)
     except OSError as err:
         log.info("program store: not kept (%s)", err)
-        return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except OSError as err:
-        log.info("program store: not kept (%s)", err)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
 
 
 def _path(key: tuple[Any, ...], args: tuple[Any, ...]) -> Path | None:

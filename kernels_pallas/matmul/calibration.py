@@ -23,7 +23,6 @@ import functools
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import numpy as np
 from kernels_pallas import cpu_caches, native
 from kernels_pallas.matmul import native_binding
 from kernels_pallas.matmul.xla_form import xla_matmul
+from kernels_pallas.private_files import private_problem, write_private
 
 ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
 DTYPES = ("float32", "bfloat16")
@@ -208,7 +208,7 @@ def load(path: Path) -> dict[str, range] | None:
     trusted: absent, not this user's own or writable by others, or not a valid choice."""
     if not os.path.lexists(path):
         return None
-    problem = native.private_problem(path, "file")
+    problem = private_problem(path, "file")
     if problem is None:
         try:
             cached = json.loads(path.read_text())["rows"]
@@ -236,14 +236,4 @@ def store(path: Path, choice: dict[str, range], times: Times) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     rows = {n: [r.start, r.stop - 1] if (r := choice.get(n, range(0))) else None for n in DTYPES}
     seconds = {n: {str(m): list(t) for m, t in by_rows.items()} for n, by_rows in times.items()}
-    body = json.dumps({"rows": rows, "seconds": seconds}).encode()
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=".rows-", suffix=".json")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+    write_private(path, json.dumps({"rows": rows, "seconds": seconds}).encode())
