@@ -18,8 +18,8 @@ be named stably (an object known only by its address) is not kept.
 A file is read only when it is this user's own, in a folder nobody else can write (its program
 runs as this process), and only if its arguments are the ones asked for; otherwise the program
 is exported anew and the log says why. Writers write a temporary file, fsync it and rename it
-into place, so a reader never sees half of one. A process of a multi-process cluster compiles
-its steps directly (each process's programs span devices it does not own).
+into place, so a reader never sees half of one. The processes of a cluster trace the same
+programs over the same global devices, so they share files too.
 """
 
 from __future__ import annotations
@@ -74,8 +74,6 @@ def compile_program(
 ) -> Any:
     """`jax.jit(fn, **jit_options).lower(*args).compile(compiler_options)` for the abstract
     `args`, traced only when no export of it is kept under `key` in this trace environment."""
-    if jax.process_count() > 1:
-        return jax.jit(fn, **jit_options).lower(*args).compile(compiler_options)
     path = _path(key, args)
     exported = _read(path, args) if path is not None else None
     if exported is None:
