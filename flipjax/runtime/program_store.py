@@ -136,8 +136,13 @@ def _path(key: tuple[Any, ...], args: tuple[Any, ...]) -> Path | None:
     where = folder()
     if where is None:
         return None
+    try:
+        trace_state = _jax_trace_state()
+    except (AttributeError, NotImplementedError) as err:  # a jax without it: nothing is kept
+        log.info("program store: jax's trace context unreadable (%s); not kept", err)
+        return None
     named = "\n".join(
-        (_named(key), repr(args), repr(_kernel_choices()), _jax_trace_state(), _environment())
+        (_named(key), repr(args), repr(_kernel_choices()), trace_state, _environment())
     )
     if " at 0x" in named:
         log.info("program store: a program's key names an object by its address; not kept")
