@@ -28,6 +28,11 @@ def private_problem(path: Path, what: str) -> str | None:
     return None
 
 
+def kept_file_problem(path: Path) -> str | None:
+    """Why a cache's file `path` cannot be trusted, its folder first; None when both can."""
+    return private_problem(path.parent, "folder") or private_problem(path, "file")
+
+
 def write_private(path: Path, payload: bytes) -> None:
     """Write `payload` to `path` through a temporary file beside it, fsynced and renamed into
     place (readable by this user only, its folder made private if missing). OSError when it

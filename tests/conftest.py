@@ -132,6 +132,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: -seconds.get(os.path.relpath(item.path, root), 0))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # What collection imported (jax, torch, transformers and every test module: over half a
+    # million objects) lives to the end of the run. Out of the collector's sight, a full
+    # collection (the tests' own gc.collect(), between files, and the automatic ones) takes
+    # microseconds instead of 0.3 s. Nothing made later is frozen, so engines and programs a
+    # file drops are still freed.
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     try:
         _terminal.append(os.dup(sys.stderr.fileno()))

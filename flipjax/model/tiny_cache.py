@@ -26,7 +26,7 @@ import flax
 import jax
 import numpy as np
 
-from kernels_pallas.private_files import private_problem, write_private
+from kernels_pallas.private_files import kept_file_problem, write_private
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "FLIPJAX_TINY_CACHE"  # a folder, or "off"
@@ -72,7 +72,7 @@ def _read(path: Path, abstract: list[jax.ShapeDtypeStruct]) -> list[np.ndarray] 
     be trusted or does not match (said in the log, and the weights are made anew)."""
     if not path.exists():
         return None
-    problem = private_problem(path.parent, "folder") or private_problem(path, "file")
+    problem = kept_file_problem(path)
     if problem is not None:
         log.warning("tiny weights: %s %s; making them anew", path, problem)
         return None

@@ -45,7 +45,7 @@ from flipjax.runtime.cache import GDNSlots, KVPages
 from flipjax.runtime.paged import Scores
 from kernels_pallas import dispatch, native
 from kernels_pallas.matmul import calibration
-from kernels_pallas.private_files import private_problem, write_private
+from kernels_pallas.private_files import kept_file_problem, write_private
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "FLIPJAX_PROGRAM_CACHE"  # a folder; unset or "off": nothing kept
@@ -77,15 +77,14 @@ def compile_program(
     path = _path(key, args)
     exported = _read(path, args) if path is not None else None
     if exported is None:
+        jitted = jax.jit(fn, **jit_options)
         try:
-            exported = export.export(jax.jit(fn, **jit_options), disabled_checks=_CUSTOM_CALLS)(
-                *args
-            )
+            exported = export.export(jitted, disabled_checks=_CUSTOM_CALLS)(*args)
         except Exception as err:  # what jax.export cannot take compiles as it is
             log.warning(
                 "program store: %s cannot be exported (%s); compiling it directly", key[-5:], err
             )
-            return jax.jit(fn, **jit_options).lower(*args).compile(compiler_options)
+            return jitted.lower(*args).compile(compiler_options)
         if path is not None:
             _write(path, exported)
     return jax.jit(exported.call, **jit_options).lower(*args).compile(compiler_options)
@@ -100,7 +99,7 @@ def folder() -> Path | None:
 def _read(path: Path, args: tuple[Any, ...]) -> export.Exported | None:
     if not path.exists():
         return None
-    problem = private_problem(path.parent, "folder") or private_problem(path, "file")
+    problem = kept_file_problem(path)
     if problem is not None:
         log.warning("program store: %s %s; tracing anew", path, problem)
         return None

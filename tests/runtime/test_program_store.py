@@ -2,7 +2,8 @@
 used only in the trace environment that wrote it, and only when it can be trusted.
 
 Each test points the store at a folder of its own and drops the process's programs first, so
-its engines trace or read every step themselves.
+its engines trace or read every step themselves. What needs no model (the key, the folder's
+trust, the fallback) is checked on a small program of its own.
 """
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ import logging
 import os
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import export
 
 from flipjax import Engine
 from flipjax.runtime import program_cache, program_store
+from kernels_pallas import dispatch
 
 PROMPTS = [[1, 2, 3, 4, 5], [9, 8, 7]]
+TOY_KEY = ("toy", 1)
+TOY_ARGS = (jax.ShapeDtypeStruct((4,), jnp.float32),)
 OPTIONS = dict(max_running_requests=2, max_prefill_tokens=16)
 
 
@@ -36,6 +42,17 @@ def _forget_programs() -> None:
     program_cache.release()
     jax.clear_caches()
     gc.collect()
+
+
+def _toy() -> None:
+    """A small program compiled through the store, checked against numpy."""
+    compiled = program_store.compile_program(TOY_KEY, _toy_step, {}, TOY_ARGS)
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(np.asarray(compiled(x)), x * 2 + 1)
+
+
+def _toy_step(x: jax.Array) -> jax.Array:
+    return x * 2 + 1
 
 
 def _tokens(layout: str = "single") -> list[list[int]]:
@@ -79,23 +96,32 @@ def test_steps_read_from_the_store_give_the_traced_steps_tokens(store, monkeypat
 
 
 def test_each_thing_the_trace_reads_is_in_the_key(store, monkeypatch):
-    """A step kept in one trace environment is not read in another: the source, a variable the
-    kernels read at trace time, jax's trace-time configuration."""
-    _tokens()
+    """A step kept in one trace environment is not read in another: its file's name changes
+    with the source, a variable the kernels read at trace time, the kernels' own choices and
+    jax's trace-time configuration."""
+    before = program_store._path(TOY_KEY, TOY_ARGS)
+    assert before is not None
+    form = "chunked" if dispatch.prefill_form() == "recurrent" else "recurrent"
     changes = {
         "the source": lambda m, _: m.setattr(program_store, "_sources", lambda: b"edited"),
-        "FLIPJAX_GDN_PREFILL": lambda m, _: m.setenv("FLIPJAX_GDN_PREFILL", "chunked"),
+        "FLIPJAX_GDN_PREFILL": lambda m, _: m.setenv("FLIPJAX_GDN_PREFILL", form),
+        "the pinned prefill form": lambda _, stack: stack.enter_context(
+            dispatch.kernels(dispatch.current_mode(), form)
+        ),
         "jax's matmul precision": lambda _, stack: stack.enter_context(
             jax.default_matmul_precision("bfloat16")
         ),
+        "the arguments": lambda m, _: m.setattr(
+            program_store, "_named", lambda key: repr(key) + "other"
+        ),
     }
     for what, change in changes.items():
-        kept = set(store.iterdir())
-        _forget_programs()
         with monkeypatch.context() as m, contextlib.ExitStack() as stack:
             change(m, stack)
-            _tokens()
-        assert set(store.iterdir()) - kept, f"a step traced before {what} changed was read"
+            assert program_store._path(TOY_KEY, TOY_ARGS) != before, f"{what} is not keyed"
+    assert program_store._path(TOY_KEY, TOY_ARGS) == before
+    other_shape = (jax.ShapeDtypeStruct((5,), jnp.float32),)
+    assert program_store._path(TOY_KEY, other_shape) != before
 
 
 def test_files_that_cannot_be_trusted_are_traced_anew(store, monkeypatch, caplog):
@@ -116,25 +142,22 @@ def test_files_that_cannot_be_trusted_are_traced_anew(store, monkeypatch, caplog
 
 
 def test_a_folder_others_can_write_is_not_read(store, monkeypatch, caplog):
-    traced = _tokens()
+    _toy()
+    assert list(store.iterdir())
     os.chmod(store, 0o777)
-    _forget_programs()
+    traces = _count_exports(monkeypatch)
     with caplog.at_level(logging.WARNING, logger=program_store.__name__):
-        assert _tokens() == traced
+        _toy()
+    assert traces, "a program was read from a folder anyone can write"
     assert "can be written by group or others" in caplog.text
 
 
 def test_a_step_that_cannot_be_exported_is_compiled_as_it_is(store, monkeypatch, caplog):
-    traced = _tokens()
-    _forget_programs()
-    for kept in store.iterdir():
-        kept.unlink()
-
     def cannot(*args, **kwargs):
         raise NotImplementedError("no export for this step")
 
     monkeypatch.setattr(program_store.export, "export", cannot)
     with caplog.at_level(logging.WARNING, logger=program_store.__name__):
-        assert _tokens() == traced
+        _toy()
     assert "cannot be exported (no export for this step); compiling it directly" in caplog.text
-    assert not list(store.iterdir())
+    assert not store.exists() or not list(store.iterdir())
