@@ -140,6 +140,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # file drops are still freed.
     gc.collect()
     gc.freeze()
+    # Tracing makes and keeps objects by the million, which at the default thresholds (700,
+    # 10, 10) set off a full collection every few seconds (about 0.3 s each, 190 of them in a
+    # run); a file's own gc.collect() and the teardown's still free what it dropped.
+    gc.set_threshold(10_000, 20, 20)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -14,6 +14,7 @@ import pytest
 from flipjax import Engine, ckpt
 from flipjax.model import orbax_io as orbax_ckpt
 from flipjax.model.config import ModelConfig
+from flipjax.model.tiny import tiny_config
 from flipjax.runtime.model_runner import Row
 from sharding.layout import placement_for
 from tests.support.hf_oracle import make_checkpoint
@@ -85,3 +86,13 @@ def test_refusals(folders, tmp_path):
     (bad / orbax_ckpt.MARKER).write_text(json.dumps({"format": 99}))
     with pytest.raises(ValueError, match="format 99"):
         orbax_ckpt.inspect(str(bad))
+
+
+def test_each_load_gets_an_abstract_state_of_its_own():
+    """The traced shapes are kept per config, and what one load fills is not the next's."""
+    cfg = tiny_config()
+    graph, first = orbax_ckpt.abstract_params(cfg, jnp.float32)
+    first["model"]["norm"] = "filled"
+    again, second = orbax_ckpt.abstract_params(cfg, jnp.float32)
+    assert again is graph
+    assert isinstance(second["model"]["norm"]["weight"].value, jax.ShapeDtypeStruct)
