@@ -10,6 +10,7 @@ ever holds the whole model.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -38,6 +39,17 @@ def is_orbax(path: str) -> bool:
 
 
 def abstract_params(cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's graph and its parameters' shapes and dtypes, without making any (a copy of
+    the state: callers may fill it)."""
+    graphdef, state = _abstract_params(cfg, jnp.dtype(dtype))
+    return graphdef, jax.tree.map(lambda leaf: leaf, state)
+
+
+@functools.lru_cache(maxsize=8)
+def _abstract_params(cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    """Kept per config and dtype: tracing the model's initializers costs each load a few
+    tenths of a second, which a process that loads one model again (another engine, a test)
+    then pays once."""
     model = nnx.eval_shape(lambda: Qwen3NextForCausalLM(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
     return nnx.split(model)
 
