@@ -17,13 +17,20 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 
+# pip byte-compiles what it installs on one core (about 58 s of a 105 s install); compileall
+# does the same on every core (35 s on two). A file that will not compile (some packages ship
+# sources for other Pythons) is left as pip leaves it: never imported, or failing on import.
+COMPILE := $(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
+
 # Stamps record which install ran, so a changed pyproject.toml reinstalls.
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -e .
+	$(PY) -m pip install --no-compile -e .
+	$(COMPILE)
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install --no-compile -e '.[test]'
+	$(COMPILE)
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed cxx
