@@ -111,7 +111,7 @@ def test_each_thing_the_trace_reads_is_in_the_key(store, monkeypatch):
         "jax's matmul precision": lambda _, stack: stack.enter_context(
             jax.default_matmul_precision("bfloat16")
         ),
-        "the arguments": lambda m, _: m.setattr(
+        "the binding's key": lambda m, _: m.setattr(
             program_store, "_named", lambda key: repr(key) + "other"
         ),
     }
