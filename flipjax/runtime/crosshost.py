@@ -121,10 +121,19 @@ def _reshard_leaf(x: jax.Array, target: Sharding) -> jax.Array:
     return jax.make_array_from_single_device_arrays(x.shape, target, shards, dtype=x.dtype)
 
 
+def program_inputs(host: Any, sharding: Sharding) -> Any:
+    """Host arrays (a pytree of them) as the arguments of a program compiled to take them laid
+    out by `sharding`. On one process they stay on the host: the program's own dispatch places
+    them, in C++, where a `jax.device_put` per step costs a decode step's host thread a few
+    hundred microseconds of Python that the device's threads want on a small machine. In a
+    cluster, `from_host`'s."""
+    return from_host(host, sharding) if multihost.current().multi else host
+
+
 def to_leader(x: jax.Array, device: jax.Device) -> jax.Array:
     """A replicated array `x`, as one array on process 0's `device` (`x` itself elsewhere)."""
     if not multihost.current().multi:
-        return jax.device_put(x, device)
+        return x if x.sharding.device_set == {device} else jax.device_put(x, device)
     source = x.sharding.device_set
     if device in source:
         replicas = {s.device: s.data for s in x.addressable_shards}

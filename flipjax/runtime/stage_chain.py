@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from flipjax.runtime import multihost
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET
 from flipjax.runtime.compile_counter import CompileCounter
-from flipjax.runtime.crosshost import from_host, reshard, settle, to_leader
+from flipjax.runtime.crosshost import program_inputs, reshard, settle, to_leader
 from flipjax.runtime.placement import StagePlacement
 
 Shape = tuple[int, int]  # (rows, tokens per row) of one step
@@ -98,7 +98,7 @@ class StageChain:
                     host.append(chain[rows, cols])
                 if s == 0:
                     host.insert(0, x)
-                placed = from_host(tuple(host), self._inputs[s])  # one batched transfer
+                placed = program_inputs(tuple(host), self._inputs[s])
                 if s == 0:
                     x, *placed = placed
                 else:
@@ -135,10 +135,10 @@ class StageChain:
         cuts its steps on the host). Returns logits [B, vocab] on the sampler's device."""
         if len(self.stages) != 1:
             raise ValueError(f"run_sampled: one stage only, this placement has {len(self.stages)}")
-        programs = self._stage_programs(0, tokens.shape)
-        x = jax.device_put(tokens, self._inputs[0])
-        placed = from_host((positions, table, slots), self._inputs[0])
-        logits = self._stage(0, programs, x, *placed)
+        programs, where = self._stage_programs(0, tokens.shape), self._inputs[0]
+        # Where the sampler's device is the stage's, the ids are already in place.
+        x = tokens if tokens.sharding.is_equivalent_to(where, 2) else jax.device_put(tokens, where)
+        logits = self._stage(0, programs, x, *program_inputs((positions, table, slots), where))
         logits = logits[0] if self.hidden else logits  # no head drafts from a step run ahead
         return to_leader(logits, self.sampler_device)
 
