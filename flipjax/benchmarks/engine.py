@@ -2,9 +2,11 @@
 
 Both run the same random-weight checkpoint in the same dtype (fp32 unless `--dtype`) on
 128-token prompts, greedy, cold (flipjax's prefix cache is flushed before every run). For each
-batch size, both timed within one run of 65 tokens (the better of two runs): prefill rate =
-prompt tokens / time to the batch's first token; decode rate = batch * 64 / time from the first
-token to the last (`flipjax.benchmarks.run_timing`). As transformers' `generate` does, flipjax
+batch size, both timed within one run of 65 tokens: prefill rate = prompt tokens / time to the
+batch's first token; decode rate = batch * 64 / time from the first token to the last
+(`flipjax.benchmarks.run_timing`). Each system's rates are its best of `--rounds` rounds (two),
+a round running every system once in turn, so that a spell of a slower machine falls on
+each system's runs alike. As transformers' `generate` does, flipjax
 prefills the whole batch before its first decode step (its prefill budget covers every prompt),
 so both decode rates time 64 steps of the full batch. Two bounds on a decode step are measured
 in the same run: the weight read (a matvec over the weight bytes: every weight is read once
@@ -23,22 +25,25 @@ from source; where it cannot take the checkpoint it says why and the rest still 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
 from flipjax.benchmarks.kernel_paths import kernel_paths
+from flipjax.benchmarks.llama_cpp import Unavailable, prepare_llama_cpp
 from flipjax.benchmarks.machine import (
     copy_bandwidth_gbs,
     gemm_flops,
     matmul_tflops,
     matvec_seconds,
 )
-from flipjax.benchmarks.run_timing import Timing, TokenTimes, measure, output_times
+from flipjax.benchmarks.run_timing import Timing, TokenTimes, interleaved, measure, output_times
 from kernels_pallas import native
 
 # The reference config of the engine benchmark (about 133M parameters).
@@ -101,6 +106,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--moe", action="store_true", help="the mixture-of-experts variant")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds per batch size, each running every system once in turn; each system's "
+        "rates are its best round's",
+    )
     p.add_argument(
         "--quantization",
         choices=("int8",),
@@ -181,19 +193,12 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
     print(kernel_paths(batches, jnp.dtype(args.dtype), bool(config["num_experts"])))
     llama = None
     if "llama.cpp" in peers:
-        from flipjax.benchmarks.llama_cpp import run_llama_cpp
-
-        threads = os.cpu_count() or 1
-        llama = run_llama_cpp(
-            folder,
-            batches,
-            args.prompt_len,
-            args.decode_tokens,
-            threads,
-            args.dtype,
-            args.quantization,
-        )
-        print(f"llama.cpp: {llama.skipped or llama.build}")
+        try:
+            threads = os.cpu_count() or 1
+            llama = prepare_llama_cpp(folder, threads, args.dtype, args.quantization)
+            print(f"llama.cpp: {llama.build}")
+        except Unavailable as e:
+            print(f"llama.cpp: {e}")
 
     dtype = jnp.dtype(args.dtype)
     dense_bytes = dtype.itemsize * active_parameters(config, n_params, 1, per_token=False)
@@ -231,18 +236,30 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
                 engine.generate([list(map(int, p)) for p in prompts], sampling=params)
             )
 
-        fj = measure(run_fj, batch, args.prompt_len, args.decode_tokens)
-        rows = [("flipjax", fj)]
+        def run_llama(batch: int = batch) -> Timing | None:
+            try:
+                rate = llama.rates([batch], args.prompt_len, args.decode_tokens)[batch]
+            except (Unavailable, KeyError) as e:
+                print(f"llama.cpp: batch {batch}: {e!r}")
+                return None
+            return Timing(rate.prefill_tok_s, rate.decode_tok_s, float("nan"))
+
+        systems: dict[str, Callable[[], Timing | None]] = {}
+        if llama is not None:
+            systems["llama.cpp"] = run_llama
         if "transformers" in peers:
-            hf_timing = measure(run_hf, batch, args.prompt_len, args.decode_tokens)
-            rows.insert(0, ("transformers", hf_timing))
-        if llama is not None and batch in llama.rates:
-            rate = llama.rates[batch]
-            rows.insert(0, ("llama.cpp", Timing(rate.prefill_tok_s, rate.decode_tok_s, 0.0)))
+            systems["transformers"] = functools.partial(
+                measure, run_hf, batch, args.prompt_len, args.decode_tokens, runs=1
+            )
+        systems["flipjax"] = functools.partial(
+            measure, run_fj, batch, args.prompt_len, args.decode_tokens, runs=1
+        )
+        rows = list(interleaved(systems, args.rounds).items())  # flipjax's last
+        fj = rows[-1][1]
         for name, t in rows:
             print(
                 f"{batch:>5} {name:>15} {t.prefill_tok_s:>14.1f} {t.decode_tok_s:>13.1f} "
-                f"{t.peak_mb if name != 'llama.cpp' else float('nan'):>8.0f}"
+                f"{t.peak_mb:>8.0f}"
             )
         for name, t in rows[:-1]:
             print(

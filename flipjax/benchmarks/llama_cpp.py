@@ -50,31 +50,25 @@ class Unavailable(RuntimeError):
     """A step llama.cpp's peer run needs could not be done; the message says which and why."""
 
 
-def run_llama_cpp(
-    checkpoint: Path,
-    batches: list[int],
-    prompt_len: int,
-    decode_tokens: int,
-    threads: int,
-    dtype: str = "float32",
-    quantization: str | None = None,
-) -> PeerRun:
-    """llama.cpp's prefill and decode rates on `checkpoint` for each batch size, each batch
-    being independent sequences of `prompt_len` prompt and `decode_tokens` generated tokens
-    (as transformers' and flipjax's batches are), on `threads` threads, with its weights in
-    `gguf_type(dtype, quantization)`."""
-    try:
-        cache = _cache()
-        for tool in ("cmake", "c++"):  # before any download
-            if shutil.which(tool) is None and not (cache / "llama-batched-bench").exists():
-                raise Unavailable(f"building llama.cpp needs {tool} (apt-get install cmake g++)")
-        source = _sources(cache)
-        binary = _binary(source, cache)
-        model = _gguf(checkpoint, source, cache, gguf_type(dtype, quantization))
+@dataclass(frozen=True)
+class LlamaCppBench:
+    """llama.cpp's batched bench, built, with the checkpoint converted: `rates` runs it."""
+
+    binary: Path
+    model: Path
+    threads: int
+    build: str  # what runs, for the bench's report
+
+    def rates(
+        self, batches: list[int], prompt_len: int, decode_tokens: int
+    ) -> dict[int, PeerRates]:
+        """Prefill and decode rates for each batch size, each batch being independent sequences
+        of `prompt_len` prompt and `decode_tokens` generated tokens (as transformers' and
+        flipjax's batches are). Unavailable, with llama.cpp's last line, where it fails."""
         command = [
-            str(binary),
+            str(self.binary),
             "-m",
-            str(model),
+            str(self.model),
             "-c",
             str(max(batches) * (prompt_len + decode_tokens) + 64),
             "-b",
@@ -88,16 +82,48 @@ def run_llama_cpp(
             "-npl",
             ",".join(map(str, batches)),
             "-t",
-            str(threads),
+            str(self.threads),
             "--output-format",
             "jsonl",
         ]
-        done = _run(command, "llama-batched-bench")
-        rates = parse_batched_bench(done.stdout)
+        return parse_batched_bench(_run(command, "llama-batched-bench").stdout)
+
+
+def prepare_llama_cpp(
+    checkpoint: Path, threads: int, dtype: str = "float32", quantization: str | None = None
+) -> LlamaCppBench:
+    """llama.cpp built (once, cached) and `checkpoint` converted to its weights in
+    `gguf_type(dtype, quantization)`, to run on `threads` threads; Unavailable, saying which
+    step failed and why, where it cannot be."""
+    cache = _cache()
+    for tool in ("cmake", "c++"):  # before any download
+        if shutil.which(tool) is None and not (cache / "llama-batched-bench").exists():
+            raise Unavailable(f"building llama.cpp needs {tool} (apt-get install cmake g++)")
+    source = _sources(cache)
+    binary = _binary(source, cache)
+    outtype = gguf_type(dtype, quantization)
+    model = _gguf(checkpoint, source, cache, outtype)
+    build = f"llama.cpp from llama-cpp-python {VERSION}, {outtype} GGUF"
+    return LlamaCppBench(binary, model, threads, build)
+
+
+def run_llama_cpp(
+    checkpoint: Path,
+    batches: list[int],
+    prompt_len: int,
+    decode_tokens: int,
+    threads: int,
+    dtype: str = "float32",
+    quantization: str | None = None,
+) -> PeerRun:
+    """`prepare_llama_cpp`, then its rates for `batches` in one run of llama.cpp's bench;
+    anything that fails comes back as `PeerRun.skipped`, with the reason."""
+    try:
+        bench = prepare_llama_cpp(checkpoint, threads, dtype, quantization)
+        rates = bench.rates(batches, prompt_len, decode_tokens)
     except Unavailable as e:
         return PeerRun(skipped=str(e))
-    outtype = gguf_type(dtype, quantization)
-    return PeerRun(rates, None, f"llama.cpp from llama-cpp-python {VERSION}, {outtype} GGUF")
+    return PeerRun(rates, None, bench.build)
 
 
 def gguf_type(dtype: str, quantization: str | None) -> str:

@@ -23,15 +23,44 @@ class Timing:
 
 
 def measure(
-    run: Callable[[int], tuple[float, float]], batch: int, prompt_len: int, decode: int
+    run: Callable[[int], tuple[float, float]],
+    batch: int,
+    prompt_len: int,
+    decode: int,
+    runs: int = 2,
 ) -> Timing:
     """run(n) generates n tokens for the whole batch and returns the seconds to its first token
-    and from there to its last; each the better of two runs."""
+    and from there to its last; each the best of `runs` runs."""
+    if runs < 1:
+        raise ValueError(f"measure: runs must be at least 1, got {runs}")
     with PeakRSS() as mem:
-        runs = [run(decode + 1) for _ in range(2)]
-    prefill_s = min(first for first, _ in runs)
-    decode_s = min(rest for _, rest in runs)
+        times = [run(decode + 1) for _ in range(runs)]
+    prefill_s = min(first for first, _ in times)
+    decode_s = min(rest for _, rest in times)
     return Timing(batch * prompt_len / prefill_s, batch * decode / decode_s, mem.peak_delta / 2**20)
+
+
+def interleaved(systems: dict[str, Callable[[], Timing | None]], rounds: int) -> dict[str, Timing]:
+    """Each system's best prefill and decode rates over `rounds` rounds in which every system
+    runs once in turn: a machine that slows for a while then slows a round of each, not all of
+    one system's runs. A system whose run gives None (a peer that cannot run) is dropped."""
+    if rounds < 1:
+        raise ValueError(f"interleaved: rounds must be at least 1, got {rounds}")
+    seen: dict[str, list[Timing]] = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, run in systems.items():
+            if name in seen and (timing := run()) is not None:
+                seen[name].append(timing)
+            else:
+                seen.pop(name, None)
+    return {
+        name: Timing(
+            max(t.prefill_tok_s for t in ts),
+            max(t.decode_tok_s for t in ts),
+            max(t.peak_mb for t in ts),
+        )
+        for name, ts in seen.items()
+    }
 
 
 def timed(fn: Callable[[], None]) -> float:

@@ -12,7 +12,7 @@ from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
 from flipjax import Engine, SamplingParams
 from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG, active_parameters
-from flipjax.benchmarks.run_timing import TokenTimes, measure, output_times
+from flipjax.benchmarks.run_timing import Timing, TokenTimes, interleaved, measure, output_times
 
 SMALL = dict(hidden_size=64, num_hidden_layers=4, vocab_size=300, intermediate_size=96)
 SMALL_SHAPES = dict(
@@ -70,6 +70,30 @@ def test_a_run_is_timed_within_itself_so_a_slow_short_run_cannot_inflate_decode(
     timing = measure(lambda n: next(runs), batch=4, prompt_len=10, decode=64)
     assert timing.prefill_tok_s == pytest.approx(4 * 10 / 0.5)
     assert timing.decode_tok_s == pytest.approx(4 * 64 / 1.0)
+
+
+def test_systems_take_turns_and_each_keeps_its_best_round():
+    """Rounds alternate the systems, so a spell of a slower machine falls on each alike; a
+    system's prefill and decode rates may come from different rounds; a peer that cannot run
+    is dropped, never reported."""
+    calls: list[str] = []
+    rates = {"peer": iter([(100.0, 50.0), (80.0, 70.0)]), "flipjax": iter([(90.0, 40.0)] * 2)}
+
+    def system(name: str) -> Timing | None:
+        calls.append(name)
+        if name == "broken":
+            return None
+        prefill, decode = next(rates[name])
+        return Timing(prefill, decode, 1.0)
+
+    systems = {name: lambda name=name: system(name) for name in ("broken", "peer", "flipjax")}
+    best = interleaved(systems, rounds=2)
+    assert calls == ["broken", "peer", "flipjax", "peer", "flipjax"]
+    assert list(best) == ["peer", "flipjax"]
+    assert (best["peer"].prefill_tok_s, best["peer"].decode_tok_s) == (100.0, 70.0)
+    assert (best["flipjax"].prefill_tok_s, best["flipjax"].decode_tok_s) == (90.0, 40.0)
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        interleaved(systems, rounds=0)
 
 
 def test_flipjax_and_transformers_runs_split_at_their_first_token():
