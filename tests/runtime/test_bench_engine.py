@@ -77,7 +77,7 @@ def test_systems_take_turns_and_each_keeps_its_best_round():
     system's prefill and decode rates may come from different rounds; a peer that cannot run
     is dropped, never reported."""
     calls: list[str] = []
-    rates = {"peer": iter([(100.0, 50.0), (80.0, 70.0)]), "flipjax": iter([(90.0, 40.0)] * 2)}
+    rates = {"peer": iter([(100.0, 50.0), (80.0, 70.0)]), "flipjax": iter([(90.0, 40.0), (95.0, 30.0)])}
 
     def system(name: str) -> Timing | None:
         calls.append(name)
@@ -91,7 +91,7 @@ def test_systems_take_turns_and_each_keeps_its_best_round():
     assert calls == ["broken", "peer", "flipjax", "peer", "flipjax"]
     assert list(best) == ["peer", "flipjax"]
     assert (best["peer"].prefill_tok_s, best["peer"].decode_tok_s) == (100.0, 70.0)
-    assert (best["flipjax"].prefill_tok_s, best["flipjax"].decode_tok_s) == (90.0, 40.0)
+    assert (best["flipjax"].prefill_tok_s, best["flipjax"].decode_tok_s) == (95.0, 40.0)
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         interleaved(systems, rounds=0)
 
