@@ -77,7 +77,10 @@ def test_systems_take_turns_and_each_keeps_its_best_round():
     system's prefill and decode rates may come from different rounds; a peer that cannot run
     is dropped, never reported."""
     calls: list[str] = []
-    rates = {"peer": iter([(100.0, 50.0), (80.0, 70.0)]), "flipjax": iter([(90.0, 40.0), (95.0, 30.0)])}
+    rates = {
+        "peer": iter([(100.0, 50.0), (80.0, 70.0)]),
+        "flipjax": iter([(90.0, 40.0), (95.0, 30.0)]),
+    }
 
     def system(name: str) -> Timing | None:
         calls.append(name)
