@@ -32,7 +32,7 @@ import jax
 from flipjax.engine.scheduler import Scheduler, StepPlan
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.speculation import Speculation
-from flipjax.engine.step import Stepper
+from flipjax.engine.step import Stepper, fetched
 from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.sampler import SamplerOutputs
 
@@ -105,7 +105,7 @@ class Overlap:
         p, self.pending = self.pending, None
         if p is None:
             return []
-        return self.stepper.accept(jax.device_get(p.out), p.rows)
+        return self.stepper.accept(fetched(p.out, p.rows), p.rows)
 
     def _steady(self, rows: list[Sequence] | list[Sequence | None]) -> bool:
         running = self.scheduler.running

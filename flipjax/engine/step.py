@@ -131,7 +131,7 @@ class Stepper:
         """Draw one token per row of `seqs` (None: a row to skip) and append it; returns the
         rows that finished, or failed."""
         out = self.launch(logits, seqs)
-        return self.accept(jax.device_get(out), seqs)
+        return self.accept(fetched(out, seqs), seqs)
 
     def launch(self, logits: jax.Array, seqs: SeqRows) -> SamplerOutputs:
         """Dispatch drawing one token per row of `seqs` (None: a row to skip); the outputs
@@ -205,3 +205,12 @@ def record_prompt_logprobs(seq: Sequence, start: int, scores: Scores, k: int) ->
         ids, lps = scores.top_ids[0, i, :k].tolist(), scores.top_logprobs[0, i, :k].tolist()
         top = list(zip(ids, lps, strict=True))
         seq.prompt_logprobs.append(TokenLogprob(seq.all_ids[j], float(scores.chosen[0, i]), top))
+
+
+def fetched(out: SamplerOutputs, seqs: SeqRows) -> SamplerOutputs:
+    """`out` with what `take` reads of it for `seqs` on the host: the ids, and the logprobs
+    only where a row reports them (each array fetched costs a decode step's host thread a
+    copy and a wait); the rest stays on the device."""
+    if any(s is not None and s.params.logprobs is not None for s in seqs):
+        return jax.device_get(out)
+    return out._replace(tokens=jax.device_get(out.tokens))
