@@ -10,8 +10,8 @@ cmake and a C++ compiler, which `make test`'s install does not bring: it is an o
 
 The converter needs a tokenizer it recognises, and the bench's random checkpoints have none:
 `llama_cpp_tokenizer` rebuilds one from llama.cpp's own files. Anything that fails (no
-compiler, no download, a checkpoint the converter refuses) comes back as `PeerRun.skipped` with
-the reason; no number is ever made up.
+compiler, no download, a checkpoint the converter refuses) raises `Unavailable` with the reason,
+which the bench prints before running the rest; no number is ever made up.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from flipjax.benchmarks.llama_cpp_tokenizer import TOKENIZER_SIZE, write_tokenizer
@@ -37,13 +37,6 @@ CACHE_ENV = "FLIPJAX_LLAMA_CPP_CACHE"
 class PeerRates:
     prefill_tok_s: float
     decode_tok_s: float
-
-
-@dataclass(frozen=True)
-class PeerRun:
-    rates: dict[int, PeerRates] = field(default_factory=dict)  # by batch size
-    skipped: str | None = None  # why it did not run
-    build: str = ""  # what ran
 
 
 class Unavailable(RuntimeError):
@@ -105,25 +98,6 @@ def prepare_llama_cpp(
     model = _gguf(checkpoint, source, cache, outtype)
     build = f"llama.cpp from llama-cpp-python {VERSION}, {outtype} GGUF"
     return LlamaCppBench(binary, model, threads, build)
-
-
-def run_llama_cpp(
-    checkpoint: Path,
-    batches: list[int],
-    prompt_len: int,
-    decode_tokens: int,
-    threads: int,
-    dtype: str = "float32",
-    quantization: str | None = None,
-) -> PeerRun:
-    """`prepare_llama_cpp`, then its rates for `batches` in one run of llama.cpp's bench;
-    anything that fails comes back as `PeerRun.skipped`, with the reason."""
-    try:
-        bench = prepare_llama_cpp(checkpoint, threads, dtype, quantization)
-        rates = bench.rates(batches, prompt_len, decode_tokens)
-    except Unavailable as e:
-        return PeerRun(skipped=str(e))
-    return PeerRun(rates, None, bench.build)
 
 
 def gguf_type(dtype: str, quantization: str | None) -> str:

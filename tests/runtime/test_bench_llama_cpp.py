@@ -45,6 +45,6 @@ def test_output_it_cannot_read_is_refused_by_name(text, match):
 def test_without_a_compiler_the_run_is_skipped_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv(llama_cpp.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", str(tmp_path))  # no cmake, no compiler, nothing downloaded
-    run = llama_cpp.run_llama_cpp(tmp_path, [1], 128, 64, threads=2)
-    assert run.rates == {} and "needs cmake" in run.skipped
+    with pytest.raises(llama_cpp.Unavailable, match="needs cmake"):
+        llama_cpp.prepare_llama_cpp(tmp_path, threads=2)
     assert [p.name for p in (tmp_path / "cache").rglob("*")] == [llama_cpp.VERSION]
