@@ -229,7 +229,7 @@ def compile_programs(
             key = binding._key(s, (b, t), scoring, verify)
             if key in PROGRAMS:
                 continue
-            in_place = updates_in_place(cfg, binding.kernels, mesh, 1 if verify else t)
+            in_place = updates_in_place(cfg, binding.kernels, mesh)
             in_place_sh = (gdn_sh, tuple(GDNState(None, row(g.conv)) for g in gdn_sh))
             step_jit = dict(
                 donate_argnums=(1, 2) if in_place else (1,),

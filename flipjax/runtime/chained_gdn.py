@@ -44,7 +44,7 @@ class ChainedGDN(NamedTuple):
     ) -> tuple[jax.Array, jax.Array]:
         """o [B, T, Hv, dv] and, where the native kernel runs, the pool with every position's
         state in its chain slot; otherwise the states after every position, [B, T, ...]."""
-        native = dispatch.pooled_delta_rule(1, k.shape[2], v.shape[2])
+        native = dispatch.pooled_delta_rule(k.shape[2], v.shape[2])
         if native is not None:  # the decode kernel, through the row's tokens in one call
             return native(self.pool, self.reads, self.chain, q, k, v, g, beta, valid)
         steps = [

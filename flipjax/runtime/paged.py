@@ -75,9 +75,14 @@ class PooledGDN(NamedTuple):
     ) -> tuple[jax.Array, jax.Array]:
         """The delta rule over the rows' tokens from their pooled states: o and, where the
         native kernel runs, the updated pool, otherwise the rows' new states [B, ...]."""
-        native = dispatch.pooled_delta_rule(q.shape[1], k.shape[2], v.shape[2])
+        native = dispatch.pooled_delta_rule(k.shape[2], v.shape[2])
         if native is not None:
-            return native(self.pool, self.reads, self.writes, q, k, v, g, beta, valid)
+            writes = self.writes
+            if q.shape[1] > 1:
+                # Each real token's state goes to the row's own slot, so the kernel carries it
+                # through a prefill chunk in place; a padding token (out of range) ends the row.
+                writes = jnp.where(valid, writes[:, None], self.pool.shape[0])
+            return native(self.pool, self.reads, writes, q, k, v, g, beta, valid)
         state = jnp.take(self.pool, self.reads, axis=0, mode="fill", fill_value=0)
         return GDNState(state, self.conv).advance(q, k, v, g, beta, valid)
 
@@ -87,13 +92,11 @@ class PooledGDN(NamedTuple):
         return causal_conv(x, weight, self.conv, valid)
 
 
-def updates_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh, tokens: int) -> bool:
-    """Whether a stage step of `tokens` per row updates its GDN pools itself (the native
-    decode kernel runs) and so returns the pools rather than rows for `write_slots`."""
+def updates_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh) -> bool:
+    """Whether a stage step updates its GDN pools itself (the native kernel runs) and so
+    returns the pools rather than rows for `write_slots`."""
     with dispatch.kernels(kernels), head_parallel.across(mesh):
-        native = dispatch.pooled_delta_rule(
-            tokens, cfg.linear_num_key_heads, cfg.linear_num_value_heads
-        )
+        native = dispatch.pooled_delta_rule(cfg.linear_num_key_heads, cfg.linear_num_value_heads)
     return native is not None
 
 
@@ -182,7 +185,7 @@ def stage_step(
             new_kv.append(new.pages)
         else:
             rows.append(new)
-    if updates_in_place(cfg, kernels, mesh, 1 if verify else x.shape[1]):
+    if updates_in_place(cfg, kernels, mesh):
         # The conv pools pass through unchanged (donated, so not copied) for `write_slots`.
         pools = tuple(GDNSlots(r.recurrent, g.conv) for g, r in zip(gdn, rows, strict=True))
         return out, tuple(new_kv), (pools, tuple(GDNState(None, r.conv) for r in rows))

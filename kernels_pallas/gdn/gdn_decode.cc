@@ -1,6 +1,7 @@
-// Decode tokens of the gated delta rule on the CPU, updating each row's state in slots of the
-// pool (an XLA FFI handler): one token per row for a decode step, or the few of a speculative
-// verify step, each position's state kept in a slot of its own.
+// Tokens of the gated delta rule on the CPU, updating each row's state in slots of the pool
+// (an XLA FFI handler): one token per row for a decode step, the few of a speculative verify
+// step, each position's state kept in a slot of its own, or a prefill chunk's, every state
+// written to the row's own slot (so it stays in cache from one token to the next).
 //
 // XLA runs the same step as a chain of fusions that gathers the pooled states, decays them,
 // reduces them twice, writes them out and scatters them back: about eight passes over every

@@ -1,4 +1,5 @@
-"""Decode tokens of the gated delta rule over pooled states, by the native CPU kernel.
+"""Tokens of the gated delta rule over pooled states (decode, verify and prefill steps), by
+the native CPU kernel.
 
 `gdn_decode.cc` (beside this file) reads each row's state straight from its slot and writes
 the new one back in place; XLA's form of the same step gathers, decays, reduces and scatters in
@@ -31,8 +32,9 @@ def pooled_decode(
 
     pool: [S, Hv, dk, dv] fp32; reads: [B], the slot each row starts from (outside [0, S): a
     zero state); writes: [B] for one token per row, the slot its new state goes to, or [B, T]
-    for T, the slot the state after each token goes to (a speculative verify step's chain;
-    outside [0, S): dropped, and the row's output there and after is zero); q, k: [B, T, Hk,
+    for T, the slot the state after each token goes to (a speculative verify step's chain, or
+    a prefill chunk's own slot at every token; outside [0, S): dropped, and the row's output
+    there and after is zero); q, k: [B, T, Hk,
     dk]; v: [B, T, Hv, dv]; g, beta: [B, T, Hv]; valid: [B, T]. Rows must write distinct
     slots. Returns o: [B, T, Hv, dv] fp32 and the pool with the new states (the input pool's
     buffer where it is donated).

@@ -107,14 +107,42 @@ def test_a_failed_build_names_the_compiler_error_and_leaves_no_file(tmp_path, mo
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_native_kernel_runs_for_decode_in_native_mode_only():
+def test_the_native_kernel_runs_in_native_mode_only():
     assert dispatch.default_mode() == "native"  # the CPU default where the kernels build
     for mode in ("reference", "interpret"):
         with dispatch.kernels(mode):
-            assert dispatch.pooled_delta_rule(1, 2, 4) is None
+            assert dispatch.pooled_delta_rule(2, 4) is None
     with dispatch.kernels("native"):
-        assert dispatch.pooled_delta_rule(16, 2, 4) is None  # prefill gathers its rows
-        assert dispatch.pooled_delta_rule(1, 2, 4).func is gdn_native.pooled_decode
+        assert dispatch.pooled_delta_rule(2, 4).func is gdn_native.pooled_decode
+
+
+def test_a_prefill_chunk_in_the_rows_own_slot_is_the_reference_recurrence():
+    """A prefill row writes the state after every real token to its own slot, so the state
+    carries through the chunk in place: the chunk's outputs and final state are XLA's scan
+    over the gathered rows (the form prefill ran before), to rounding."""
+    t = 37
+    pool, *_ = _case(rows=4, slots=6, hk=2, hv=4, d=16)
+    tokens = [_case(rows=4, slots=1, hk=2, hv=4, d=16, seed=s)[1:] for s in range(1, t + 1)]
+    q, k, v, g, beta = (np.concatenate(parts, axis=1) for parts in zip(*tokens, strict=True))
+    # Row 0 continues slot 2; row 1 starts fresh into slot 5; row 2, 20 real tokens, continues
+    # slot 0; row 3 is padding.
+    reads = np.array([2, 6, 0, 99], np.int32)
+    slots = np.array([2, 5, 0, 99], np.int32)
+    valid = np.arange(t)[None, :] < np.array([t, t, 20, 0])[:, None]
+    chain = np.where(valid, slots[:, None], 6).astype(np.int32)
+    target = native.target("gdn_decode")
+    out, new_pool = jax.jit(gdn_native.pooled_decode, static_argnums=0)(
+        target, pool, reads, chain, q, k, v, g, beta, valid
+    )
+    gathered = jnp.take(pool, reads, axis=0, mode="fill", fill_value=0)
+    want_out, want_rows = gdn_reference.delta_rule_recurrent(q, k, v, g, beta, gathered, valid)
+    out, new_pool, want_out = np.asarray(out), np.asarray(new_pool), np.asarray(want_out)
+    np.testing.assert_allclose(out[valid], want_out[valid], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[~valid], 0)  # padding: a zero output
+    for row in range(3):
+        np.testing.assert_allclose(new_pool[slots[row]], want_rows[row], rtol=1e-5, atol=1e-5)
+    for untouched in (1, 3, 4):
+        np.testing.assert_array_equal(new_pool[untouched], pool[untouched])
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +178,10 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
         assert "flipjax_matmul" not in prefill.as_text()
         assert "flipjax_paged_decode" not in prefill.as_text()
         assert "flipjax_ragged_matmul" in prefill.as_text()
-    _, _, in_place = parts(engine).runner.binding._stage_programs(0, (4, 1))
-    assert in_place  # the step updated the GDN pools itself
+    for shape in ((4, 1), (1, 64)):  # decode and prefill update the GDN pools themselves
+        step, _, in_place = parts(engine).runner.binding._stage_programs(0, shape)
+        assert in_place
+        assert "flipjax_gdn_decode" in step.as_text()
     if layout == "tp:2":
         assert gathers_of_pools(engine, (4, 1)) == []
     engine.check()
