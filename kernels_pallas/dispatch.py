@@ -179,13 +179,12 @@ def pooled_delta_rule(
     key_heads: int, value_heads: int
 ) -> Callable[..., tuple[jax.Array, jax.Array]] | None:
     """The native kernel that advances pooled GDN states in their slots, token by token
-    (`gdn.native_binding.pooled_decode` without its first argument: a decode step's one token
-    per row, or, given a chain of write slots, a verify step's few or a prefill chunk's), or
-    None where the caller gathers the rows, runs `delta_rule` and writes them back.
-
-    It runs in `native` mode (for prefill too: XLA's scan over the tokens, a few small ops per
-    token, took about 4 ms a layer for a 128-token chunk of 12 heads, the kernel about 1 ms);
-    under `head_parallel.across`, per device over its heads when both head counts split evenly.
+    (`gdn.native_binding.pooled_decode` without its first argument; given a chain of write
+    slots, a verify step's few tokens or a prefill chunk's), or None where the caller gathers
+    the rows, runs `delta_rule` and writes them back. It runs in `native` mode (for prefill
+    too: XLA's scan, a few small ops per token, took about 4 ms a layer for a 128-token chunk
+    of 12 heads, the kernel about 1 ms); under `head_parallel.across`, per device over its
+    heads when both head counts split evenly.
     """
     if current_mode() != "native":
         return None
