@@ -22,8 +22,8 @@ from flax import nnx
 
 from flipjax.model.config import ModelConfig
 from flipjax.runtime.cache import CacheState, kv_scaled
-from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
+from flipjax.runtime.runner_shape import RunnerShape
 from flipjax.runtime.workspace_probe import probe_workspace
 from sharding.budgets import BudgetError, format_bytes, reserve
 from sharding.memory import bytes_by_id

@@ -36,7 +36,8 @@ from flipjax.engine.engine import Engine  # noqa: E402
 from flipjax.model.config import ModelConfig  # noqa: E402
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM  # noqa: E402
 from flipjax.runtime.allocator import Allocator  # noqa: E402
-from flipjax.runtime.model_runner import ModelRunner, RunnerShape  # noqa: E402
+from flipjax.runtime.model_runner import ModelRunner  # noqa: E402
+from flipjax.runtime.runner_shape import RunnerShape  # noqa: E402
 from sharding.flip import FlipRecord, Layouts  # noqa: E402
 from sharding.layout import placement_for  # noqa: E402
 

@@ -18,6 +18,7 @@ from flipjax.model.config import (
     ModelConfig,
     check_quantization,
 )
+from flipjax.runtime.buckets import PREFILL_ROWS_TOKENS
 from flipjax.runtime.hybrid import check_interval, default_interval
 from sharding.budgets import parse_size, parse_sizes
 
@@ -71,6 +72,11 @@ class EngineConfig:
         "each, the device prefix cache keeps grid states in the rest",
     )
     max_prefill_tokens: int = option(2048, "prefill token budget per step")
+    max_prefill_rows: int = option(
+        4,
+        "prompt chunks of one length bucket prefilled together in one call, a power of two "
+        f"(calls of up to {PREFILL_ROWS_TOKENS} positions); 1 prefills each chunk alone",
+    )
     max_model_len: int | None = option(None, "prompt + output cap (default: the model's context)")
     overlap: bool = option(
         True,
@@ -81,12 +87,22 @@ class EngineConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("page_size", "num_pages", "max_running_requests", "max_prefill_tokens"):
+        for name in (
+            "page_size",
+            "num_pages",
+            "max_running_requests",
+            "max_prefill_tokens",
+            "max_prefill_rows",
+        ):
             value = getattr(self, name)
             if name == "num_pages" and value is None:
                 continue
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if self.max_prefill_rows & (self.max_prefill_rows - 1):
+            raise ValueError(
+                f"max_prefill_rows: must be a power of two, got {self.max_prefill_rows}"
+            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype: {self.kv_cache_dtype!r} is not supported; use one of "

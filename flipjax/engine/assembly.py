@@ -42,8 +42,9 @@ from flipjax.runtime import multihost
 from flipjax.runtime.allocator import Allocator
 from flipjax.runtime.cache import kv_page_dtype
 from flipjax.runtime.drafter import Drafter
-from flipjax.runtime.model_runner import ModelRunner, RunnerShape
+from flipjax.runtime.model_runner import ModelRunner
 from flipjax.runtime.placement import Placement, single_device
+from flipjax.runtime.runner_shape import RunnerShape
 from sharding.auto_layout import AUTO, choose
 from sharding.budgets import BudgetError, device_budgets, parse_size
 from sharding.flip import Layouts
@@ -195,6 +196,7 @@ def _runner_shape(config: FlipjaxConfig, cfg: ModelConfig, dtype: jnp.dtype) -> 
         ec.max_prefill_tokens,
         kv_page_dtype(ec.kv_cache_dtype, dtype),
         config.speculative.draft_tokens,
+        ec.max_prefill_rows,
     )
 
 

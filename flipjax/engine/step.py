@@ -1,7 +1,9 @@
 """One engine step: the scheduler's plan through the runner, then sampling and stop checks.
 
-Prefill chunks run one request per call and decode rows run together; computed pages and grid
-states are published as soon as each call returns (`PrefixReuse.publish`), and a chunk that
+Prefill chunks run in calls of a few requests' chunks of one length bucket (`prefill_calls`;
+a call's rows are independent, so each gets the logits it would get alone) and decode rows
+run together; computed pages and grid states are published as soon as each call returns
+(`PrefixReuse.publish`), and a chunk that
 completes its prompt is sampled like a decode row, once for each of the prompt's parallel
 choices, which fork from it there. A request that asked for prompt logprobs has them recorded
 chunk by chunk. Returns the requests that finished.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections import Counter
 from typing import Protocol
 
 import jax
@@ -19,12 +22,12 @@ import jax.numpy as jnp
 
 from flipjax.engine.faults import Faults
 from flipjax.engine.prefix_reuse import PrefixReuse
-from flipjax.engine.scheduler import Scheduler, StepPlan
+from flipjax.engine.scheduler import PrefillChunk, Scheduler, StepPlan
 from flipjax.engine.sequence import Sequence, TokenLogprob
 from flipjax.engine.speculation import Speculation
 from flipjax.engine.stopping import append_token
 from flipjax.model.tokenizer import Tokenizer
-from flipjax.runtime.buckets import pow2_bucket
+from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pow2_bucket
 from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.paged import Scores
 from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
@@ -57,46 +60,15 @@ class Stepper:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.faults: Faults = scheduler.faults
+        self.prefill_calls: Counter[int] = Counter()  # prefill calls, by their chunks
 
     def run(self, plan: StepPlan, overlap: RunsAhead | None = None) -> list[Sequence]:
         """Run `plan`; returns the requests that finished. With `overlap`, a steady decode
         step leaves its sampled ids on device for `overlap` to take in."""
         finished: list[Sequence] = []
         spec = self.speculation
-        for c in plan.prefill:
-            seq = c.seq
-            row = Row(seq.all_ids[c.start : c.start + c.length], c.start, seq.pages, seq.slot)
-            k = seq.params.prompt_logprobs
-            if k is None:
-                logits = self.runner.run([row], decode=False)
-            else:
-                row.targets = seq.all_ids[c.start + 1 : c.start + c.length + 1]
-                logits = self.runner.run([row], False, pow2_bucket(k) if k else 0)
-            if spec is not None:
-                logits, hidden = logits
-            if k is not None:
-                logits, scores = logits
-                record_prompt_logprobs(seq, c.start, jax.device_get(scores), k)
-            seq.num_computed += c.length
-            if not self.publish(seq, c.start):
-                finished.append(seq)
-                continue
-            if not c.completes_prompt:
-                if spec is not None:
-                    spec.after_prefill(seq, c.start, c.length, hidden)
-                continue
-            group = [seq, *self.scheduler.release_forks(seq, self.reuse.fork)]
-            if seq.max_tokens == seq.carried:  # scoring only: nothing to generate
-                for s in group:
-                    s.finish_reason = "length"
-                finished += group
-            else:
-                if len(group) > 1:
-                    with self.runner.compiles.watch():
-                        logits = _repeat(logits, pow2_bucket(len(group)))
-                finished += self.sample(logits, group)
-                if spec is not None:
-                    spec.after_prefill(seq, c.start, c.length, hidden)
+        for call in prefill_calls(plan.prefill, self.runner.prefill_rows):
+            finished += self.prefill(call)
         partial = {id(c.seq): c.seq for c in plan.prefill if c.seq.num_pending > 1}
         for seq in partial.values():  # after its last chunk of the step: a prefetch may have landed
             self.reuse.catch_up(seq)
@@ -120,6 +92,58 @@ class Stepper:
                 finished += self.sample(logits, rows)
             if spec is not None:
                 spec.after_plain_step(plan.decode, time.perf_counter() - t0)
+        return finished
+
+    def prefill(self, call: list[PrefillChunk]) -> list[Sequence]:
+        """Run prompt chunks in one call (several requests' where `prefill_calls` put them
+        together), publish their pages, and sample each chunk that completes its prompt;
+        returns the requests that finished, or failed."""
+        spec = self.speculation
+        rows = [
+            Row(c.seq.all_ids[c.start : c.start + c.length], c.start, c.seq.pages, c.seq.slot)
+            for c in call
+        ]
+        first = call[0]
+        self.prefill_calls[len(call)] += 1
+        k = first.seq.params.prompt_logprobs  # a scoring chunk runs alone
+        if k is None:
+            logits = self.runner.run(rows, decode=False)
+        else:
+            rows[0].targets = first.seq.all_ids[first.start + 1 : first.start + first.length + 1]
+            logits = self.runner.run(rows, False, pow2_bucket(k) if k else 0)
+        if spec is not None:  # a speculating engine's calls are one chunk each
+            logits, hidden = logits
+        if k is not None:
+            logits, scores = logits
+            record_prompt_logprobs(first.seq, first.start, jax.device_get(scores), k)
+        finished: list[Sequence] = []
+        sampled: list[Sequence | None] = [None] * len(call)
+        for i, c in enumerate(call):
+            seq = c.seq
+            seq.num_computed += c.length
+            if not self.publish(seq, c.start):
+                finished.append(seq)
+                continue
+            if not c.completes_prompt:
+                if spec is not None:
+                    spec.after_prefill(seq, c.start, c.length, hidden)
+                continue
+            group = [seq, *self.scheduler.release_forks(seq, self.reuse.fork)]
+            if seq.max_tokens == seq.carried:  # scoring only: nothing to generate
+                for s in group:
+                    s.finish_reason = "length"
+                finished += group
+            elif len(group) > 1:
+                with self.runner.compiles.watch():
+                    choices = _repeat(logits, i, pow2_bucket(len(group)))
+                finished += self.sample(choices, group)
+            else:
+                sampled[i] = seq
+        if any(s is not None for s in sampled):
+            finished += self.sample(logits, sampled)
+        if spec is not None and first.completes_prompt and first.seq.error is None:
+            # Drafting from the chunk's end needs the token sampled after it.
+            spec.after_prefill(first.seq, first.start, first.length, hidden)
         return finished
 
     def publish(self, seq: Sequence, start: int) -> bool:
@@ -187,10 +211,42 @@ class Stepper:
         return SamplerRow(params, seq.seed, seq.prompt_ids, output, bias or None, mask)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _repeat(logits: jax.Array, rows: int) -> jax.Array:
-    """The first row of `logits`, `rows` times: one prompt's logits for each of its choices."""
-    return jnp.broadcast_to(logits[:1], (rows, logits.shape[1]))
+@functools.partial(jax.jit, static_argnums=2)
+def _repeat(logits: jax.Array, row: int, rows: int) -> jax.Array:
+    """Row `row` of `logits`, `rows` times: one prompt's logits for each of its choices."""
+    return jnp.broadcast_to(jax.lax.dynamic_slice_in_dim(logits, row, 1), (rows, logits.shape[1]))
+
+
+def prefill_calls(chunks: list[PrefillChunk], rows: dict[int, int]) -> list[list[PrefillChunk]]:
+    """The plan's prompt chunks in calls, in order: a run of consecutive chunks of one length
+    bucket, none of them scoring and no request twice (its later chunk continues the state its
+    earlier one leaves), goes in calls of power-of-two sizes up to `rows[bucket]`, so no call
+    computes a padding row; anything else goes alone."""
+    calls: list[list[PrefillChunk]] = []
+    run: list[PrefillChunk] = []
+
+    def flush() -> None:
+        while run:
+            size = 1 << (len(run).bit_length() - 1)  # the largest power of two that fits
+            calls.append(run[:size])
+            del run[:size]
+
+    for c in chunks:
+        bucket = pow2_bucket(c.length, MIN_PREFILL_BUCKET)
+        joins = (
+            run
+            and pow2_bucket(run[0].length, MIN_PREFILL_BUCKET) == bucket
+            and all(r.seq is not c.seq for r in run)
+            and len(run) < rows.get(bucket, 1)
+        )
+        if not joins:
+            flush()
+        if c.seq.params.prompt_logprobs is not None or rows.get(bucket, 1) == 1:
+            calls.append([c])
+            continue
+        run.append(c)
+    flush()
+    return calls
 
 
 def record_prompt_logprobs(seq: Sequence, start: int, scores: Scores, k: int) -> None:

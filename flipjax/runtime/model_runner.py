@@ -3,7 +3,9 @@ and samples.
 
 Shapes are what make XLA compile, so they are kept to a small fixed set: a decode step is
 [B, 1] with B a power of two up to max_running_requests; a prefill step is one request's chunk,
-[1, T] with T a power of two up to max_prefill_tokens; the page table is always as wide as the
+[1, T] with T a power of two up to max_prefill_tokens, or the chunks of several requests of one
+such T, [B, T] with B a power of two up to max_prefill_rows (`buckets.prefill_rows`; not in a
+speculative engine, whose head drafts per prefill shape); the page table is always as wide as the
 longest request allowed (attention walks only the blocks the batch needs). `warmup` compiles
 that whole set, after which serving never compiles the model step; every compilation is
 counted. The state and the step programs are reached through `self.binding` (see
@@ -21,17 +23,17 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from flipjax.model.config import ModelConfig
 from flipjax.runtime import cache_io, host_memory, multihost
 from flipjax.runtime.binding import Binding
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket, pow2_range
-from flipjax.runtime.cache import CacheState, init_cache_state
+from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.host_image import HostImage
 from flipjax.runtime.host_pages import HostPages
 from flipjax.runtime.mirror import mirrored
 from flipjax.runtime.placement import Placement, single_device
 from flipjax.runtime.plan_codec import carried
+from flipjax.runtime.runner_shape import RunnerShape
 from flipjax.runtime.sampler import (
     SamplerOutputs,
     SamplerRow,
@@ -54,31 +56,6 @@ class Row:
     targets: list[int] | None = None  # the token after each of `tokens`, to score (prefill)
 
 
-@dataclass(frozen=True)
-class RunnerShape:
-    """What fixes the runner's pools and step shapes (the engine derives it from its config)."""
-
-    cfg: ModelConfig
-    dtype: jnp.dtype
-    page_size: int
-    num_pages: int
-    num_slots: int
-    max_model_len: int
-    max_running_requests: int
-    max_prefill_tokens: int
-    kv_dtype: jnp.dtype | None = None  # the KV pages' (`cache.kv_page_dtype`); None: `dtype`
-    speculative_tokens: int = 0  # drafts a verify step checks per row (K); 0: no speculation
-
-    def pools(self, num_pages: int | None = None) -> CacheState:
-        """The shapes of the pools (with `num_pages` pages, default the shape's own)."""
-        pages = self.num_pages if num_pages is None else num_pages
-        return jax.eval_shape(
-            lambda: init_cache_state(
-                self.cfg, pages, self.page_size, self.num_slots, self.dtype, self.kv_dtype
-            )
-        )
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -95,7 +72,7 @@ class ModelRunner:
         self.decode_buckets = pow2_range(1, shape.max_running_requests)
         # A speculative engine decodes by verify steps of K + 1 positions per row.
         self.decode_tokens = shape.speculative_tokens + 1
-        self.prefill_buckets = pow2_range(MIN_PREFILL_BUCKET, shape.max_prefill_tokens)
+        self.prefill_rows = shape.prefill_rows()  # prefill bucket -> most rows a call takes
         self.compiles = CompileCounter()
         self.kernels = dispatch.current_mode()
         self.parts = ModelParts.of(graphdef, params)
@@ -136,24 +113,27 @@ class ModelRunner:
         decode = [(b, 1) for b in self.decode_buckets]
         if self.decode_tokens > 1:
             decode += [(b, self.decode_tokens) for b in self.decode_buckets]
-        return decode + [(1, t) for t in self.prefill_buckets]
+        return decode + [(b, t) for t, n in self.prefill_rows.items() for b in pow2_range(1, n)]
 
     @mirrored
     def run(self, rows: list[Row], decode: bool, score: int | None = None) -> Any:
         """Feed each row's tokens; returns logits at each row's last token, [B_bucket, vocab]
         (on process 0 of a cluster; None on the others).
 
-        Decode takes any number of rows with one token each; prefill takes exactly one row.
-        With `score` (top alternatives, a power of two or 0), a prefill row also gets the
-        logprobs of its `targets`: (logits, `Scores`). A speculative engine's result comes
-        paired with the hidden states at every position: (result, [B, T, hidden]).
+        Decode takes any number of rows with one token each; prefill takes one row, or as
+        many as `prefill_rows` allows for the bucket of its longest (scoring: one row). With
+        `score` (top alternatives, a power of two or 0), a prefill row also gets the logprobs
+        of its `targets`: (logits, `Scores`). A speculative engine's result comes paired with
+        the hidden states at every position: (result, [B, T, hidden]).
         """
         if decode:
             b, t = pow2_bucket(len(rows)), 1
         else:
-            if len(rows) != 1:
-                raise ValueError(f"prefill runs one request per call, got {len(rows)}")
-            b, t = 1, pow2_bucket(len(rows[0].tokens), MIN_PREFILL_BUCKET)
+            b = pow2_bucket(len(rows))
+            t = pow2_bucket(max(len(r.tokens) for r in rows), MIN_PREFILL_BUCKET)
+            most = 1 if score is not None else self.prefill_rows.get(t, 1)
+            if len(rows) > most:
+                raise ValueError(f"prefill of {len(rows)} rows of {t} tokens: at most {most}")
         tokens, positions, page_table, slot_ids = self._inputs(rows, b, t)
         targets = np.full((b, t), -1, np.int32) if score is not None else None
         for i, r in enumerate(rows):

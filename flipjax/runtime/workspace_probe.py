@@ -20,8 +20,8 @@ from flax import nnx
 from flipjax.runtime.binding import Binding, compile_programs
 from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
 from flipjax.runtime.compile_counter import CompileCounter
-from flipjax.runtime.model_runner import RunnerShape
 from flipjax.runtime.placement import Placement
+from flipjax.runtime.runner_shape import RunnerShape
 from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch
 
