@@ -1,12 +1,12 @@
 """One engine step: the scheduler's plan through the runner, then sampling and stop checks.
 
 Prefill chunks run in calls of a few requests' chunks of one length bucket (`prefill_calls`;
-a call's rows are independent, so each gets the logits it would get alone) and decode rows
-run together; computed pages and grid states are published as soon as each call returns
-(`PrefixReuse.publish`), and a chunk that
-completes its prompt is sampled like a decode row, once for each of the prompt's parallel
-choices, which fork from it there. A request that asked for prompt logprobs has them recorded
-chunk by chunk. Returns the requests that finished.
+a call's rows are independent, so each gets the logits it would get alone, to the rounding of
+a larger matmul) and decode rows run together; computed pages and grid states are published
+as soon as each call returns (`PrefixReuse.publish`), and a chunk that completes its prompt is
+sampled like a decode row, once for each of the prompt's parallel choices, which fork from it
+there. A request that asked for prompt logprobs has them recorded chunk by chunk. Returns the
+requests that finished.
 """
 
 from __future__ import annotations
