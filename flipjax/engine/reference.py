@@ -17,7 +17,7 @@ from flipjax.model.config import ModelConfig
 from flipjax.model.qwen3_next import forward, init_cache
 from flipjax.runtime import multihost
 from flipjax.runtime.binding import Binding
-from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pow2_bucket
+from flipjax.runtime.buckets import prefill_bucket
 
 
 class ContiguousForward:
@@ -40,7 +40,7 @@ class ContiguousForward:
                 f"prompt_logits: runs the whole model in one program; flip from "
                 f"{binding.placement.name} to a single-stage layout (single or tp) first"
             )
-        width = pow2_bucket(len(ids), MIN_PREFILL_BUCKET)
+        width = prefill_bucket(len(ids))
         tokens = np.zeros((1, width), np.int32)
         positions = np.full((1, width), -1, np.int32)
         tokens[0, : len(ids)] = ids

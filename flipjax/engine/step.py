@@ -27,7 +27,7 @@ from flipjax.engine.sequence import Sequence, TokenLogprob
 from flipjax.engine.speculation import Speculation
 from flipjax.engine.stopping import append_token
 from flipjax.model.tokenizer import Tokenizer
-from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pow2_bucket
+from flipjax.runtime.buckets import pow2_bucket, prefill_bucket
 from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.paged import Scores
 from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
@@ -232,10 +232,10 @@ def prefill_calls(chunks: list[PrefillChunk], rows: dict[int, int]) -> list[list
             del run[:size]
 
     for c in chunks:
-        bucket = pow2_bucket(c.length, MIN_PREFILL_BUCKET)
+        bucket = prefill_bucket(c.length)
         joins = (
             run
-            and pow2_bucket(run[0].length, MIN_PREFILL_BUCKET) == bucket
+            and prefill_bucket(run[0].length) == bucket
             and all(r.seq is not c.seq for r in run)
             and len(run) < rows.get(bucket, 1)
         )

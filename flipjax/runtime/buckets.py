@@ -15,6 +15,12 @@ def pow2_bucket(n: int, minimum: int = 1) -> int:
     return max(minimum, 1 << (max(n, 1) - 1).bit_length())
 
 
+def prefill_bucket(tokens: int) -> int:
+    """The shape a prefill chunk of `tokens` positions runs in: the runner pads it to this, and
+    the step groups chunks into calls by it."""
+    return pow2_bucket(tokens, MIN_PREFILL_BUCKET)
+
+
 def pow2_range(lo: int, hi: int) -> list[int]:
     """The powers of two from `lo` (itself one) up to the first at or above `hi`."""
     out = [lo]

@@ -25,7 +25,7 @@ from flax import nnx
 
 from flipjax.runtime import cache_io, host_memory, multihost
 from flipjax.runtime.binding import Binding
-from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket, pow2_range
+from flipjax.runtime.buckets import pages_for, pow2_bucket, pow2_range, prefill_bucket
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.host_image import HostImage
@@ -130,7 +130,7 @@ class ModelRunner:
             b, t = pow2_bucket(len(rows)), 1
         else:
             b = pow2_bucket(len(rows))
-            t = pow2_bucket(max(len(r.tokens) for r in rows), MIN_PREFILL_BUCKET)
+            t = prefill_bucket(max(len(r.tokens) for r in rows))
             most = 1 if score is not None else self.prefill_rows.get(t, 1)
             if len(rows) > most:
                 raise ValueError(f"prefill of {len(rows)} rows of {t} tokens: at most {most}")

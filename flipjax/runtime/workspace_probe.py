@@ -18,7 +18,7 @@ import jax
 from flax import nnx
 
 from flipjax.runtime.binding import Binding, compile_programs
-from flipjax.runtime.buckets import MIN_PREFILL_BUCKET, pages_for, pow2_bucket
+from flipjax.runtime.buckets import pages_for, pow2_bucket, prefill_bucket
 from flipjax.runtime.compile_counter import CompileCounter
 from flipjax.runtime.placement import Placement
 from flipjax.runtime.runner_shape import RunnerShape
@@ -46,7 +46,7 @@ def probe_workspace(
         CompileCounter(),
     )
     decode = pow2_bucket(shape.max_running_requests)
-    prefill = pow2_bucket(shape.max_prefill_tokens, MIN_PREFILL_BUCKET)
+    prefill = prefill_bucket(shape.max_prefill_tokens)
     # A pipeline runs each step in pieces: the pieces' shapes are the programs it compiles.
     shapes = [binding.split(b, t)[1:] for b, t in ((decode, 1), (1, prefill))]
     compile_programs(binding, shapes)
