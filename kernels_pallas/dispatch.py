@@ -34,6 +34,8 @@ from kernels_pallas.paged_attention.pallas_kernel import tuned_paged_attention
 from kernels_pallas.paged_attention.reference import paged_attention_reference
 from kernels_pallas.paged_attention.write_binding import read_rows, write_rows
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
+from kernels_pallas.sampling import native_binding as sampling_native
+from kernels_pallas.sampling import reference as sampling_reference
 
 KERNELS_ENV = "FLIPJAX_KERNELS"
 PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
@@ -130,11 +132,10 @@ def page_writer() -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
 
 
 def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., jax.Array] | None:
-    """The native kernel for one query token per row (`paged_attention.native_binding.decode`),
-    per device over its heads under `head_parallel.across`; None where the reference runs:
-    prefill, other page dtypes, or a mesh whose devices' query heads would span several KV heads
-    (the partitioner would gather the pages around the kernel). A speculative verify step's few
-    positions per row run as rows of their own (`per_position`)."""
+    """The native kernel for a decode or verify step's few tokens per row, each as a row of
+    its own (`paged_attention.native_binding`), per device over its heads under
+    `head_parallel.across`; None where the reference runs: prefill, other page dtypes, or a mesh
+    whose devices' query heads span several KV heads (the partitioner would gather the pages)."""
     tokens = q.shape[1]
     if tokens > VERIFY_TOKENS or jnp.dtype(k_pages.dtype) not in attention_native.HANDLERS:
         return None
@@ -147,13 +148,11 @@ def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., 
 
 
 def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """The delta-rule implementation for a call over `num_tokens` tokens.
-
-    When the mode is Pallas (or interpret mode), the kernels run. Otherwise,
-    decode (one token) is the recurrence; for prefill the chunked form suits matrix units, and
-    on the CPU XLA runs the scan about twice as fast (measured at 128 and 1024 tokens), so it
-    is the default there. `FLIPJAX_GDN_PREFILL=chunked|recurrent` overrides the reference form.
-    """
+    """The delta-rule implementation for a call over `num_tokens` tokens: the kernels in Pallas
+    (or interpret) mode; else the recurrence for decode (one token) and, for prefill, the
+    chunked form (which suits matrix units) or the scan, which XLA:CPU runs about twice as fast
+    (at 128 and 1024 tokens) and is the default there; `FLIPJAX_GDN_PREFILL=chunked|recurrent`
+    overrides it."""
     mode = current_mode()
     if mode not in REFERENCE_MODES:
         kernel = functools.partial(delta_rule_kernel, interpret=mode == "interpret")
@@ -166,6 +165,14 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
         raise ValueError(f"GDN prefill form: {form!r} is neither 'chunked' nor 'recurrent'")
     chunked = form == "chunked"
     return gdn_reference.delta_rule_chunked if chunked else gdn_reference.delta_rule_recurrent
+
+
+def first_max(x: jax.Array) -> jax.Array:
+    """Each row's first maximum (`sampling.reference.first_max`): by the kernel in `native` mode
+    for float32 rows (XLA:CPU makes three passes of parallel loops), else by the reference."""
+    if current_mode() == "native" and x.dtype == jnp.float32:
+        return sampling_native.first_max(x)
+    return sampling_reference.first_max(x)
 
 
 def prefill_form() -> str:
@@ -182,9 +189,8 @@ def pooled_delta_rule(
     (`gdn.native_binding.pooled_decode` without its first argument; given a chain of write
     slots, a verify step's few tokens or a prefill chunk's), or None where the caller gathers
     the rows, runs `delta_rule` and writes them back. It runs in `native` mode (for prefill
-    too: XLA's scan, a few small ops per token, took about 4 ms a layer for a 128-token chunk
-    of 12 heads, the kernel about 1 ms); under `head_parallel.across`, per device over its
-    heads when both head counts split evenly.
+    too: XLA's scan took about 4 ms a layer for a 128-token chunk of 12 heads, the kernel 1 ms),
+    per device over its heads under `head_parallel.across` when both head counts split evenly.
     """
     if current_mode() != "native":
         return None
@@ -197,9 +203,8 @@ def pooled_delta_rule(
 
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
     """The native kernel for `x [rows, K] @ w [K, columns]` with w of `dtype` (x in fp32;
-    `matmul.native_binding.matmul` without its first argument), or None where XLA's dot runs.
-
-    It runs in `native` mode for the row counts this machine's calibration gives the dtype
+    `matmul.native_binding.matmul` without its first argument), or None where XLA's dot runs:
+    it runs in `native` mode for the row counts this machine's calibration gives the dtype
     (`matmul.calibration.native_rows`: where the kernel beat XLA's dot here), over at least
     `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
     partitioner cannot split a custom call, so under a mesh it would gather the weight.
@@ -217,12 +222,11 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
     """`x [..., K] @ (q [K, N] * scale [N])` for an int8 weight with per-column scales, in x's
     dtype, accumulated in fp32, without a dequantized copy of the weight where the kernels run.
 
-    In `native` mode `int8_matmul` chooses by row count (the native matmul widens the weight as
-    it streams it; XLA's plain dot would write it out whole in a float type every call); under
-    `head_parallel.across` it runs per device over q's shard, `split` naming the dimension the
-    TP layout splits ("out": columns; "in": rows, partial products summed over the mesh).
-    Elsewhere XLA's dot takes the widened weight: a block of columns at a time on the CPU
-    (`xla_int8_matmul`), and on a GPU whole, where the widening fuses into the GEMM.
+    In `native` mode `int8_matmul` chooses by row count (XLA's plain dot would write the weight
+    out whole in a float type every call), per device over q's shard under
+    `head_parallel.across`, `split` naming what TP splits ("out": columns; "in": rows, partial
+    products summed). Elsewhere XLA's dot takes the widened weight: a block of columns at a
+    time on the CPU (`xla_int8_matmul`), whole on a GPU, where the widening fuses into the GEMM.
     """
     if split not in ("in", "out"):
         raise ValueError(f"quantized_matmul: split must be 'in' or 'out', got {split!r}")
@@ -244,12 +248,9 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
 
 def int8_matmul(rows: int, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """`(x [rows, K], q [K, N] int8) -> float32 [rows, N]` on the CPU: the native kernel up to
-    the most rows this machine's calibration gives the native matmul for weights of x's dtype,
-    XLA's GEMM (widening a block of columns at a time) from there: where XLA's dot beat the
-    kernel on the model's own weights it beats it here too (bf16 GEMMs run at twice the fp32
-    rate on CPUs with bf16 dot instructions). Below, the kernel reads a quarter of fp32's
-    bytes, and wins even where XLA's matvec streams as fast as it does (one row).
-    """
+    the most rows the calibration gives the native matmul for x's dtype (below, it reads a
+    quarter of fp32's bytes), XLA's GEMM widening a block of columns at a time above (where
+    XLA's dot beat the kernel on the model's own weights: bf16 GEMMs on bf16 dot units)."""
     calibrated = matmul_calibration.native_rows(dtype) if dtype in matmul_native.HANDLERS else ()
     if step_rows.decode_rows(rows) <= max(calibrated, default=1):
         targets = matmul_native.targets()
@@ -271,9 +272,8 @@ def ragged_dot(
 
     In `native` mode the native kernel runs (`ragged_matmul.native_binding`) at every row count
     (XLA:CPU multiplies each row by every group, copying the weight per call: `bench matmul
-    --ragged`), per device over w's shard under `head_parallel.across`, `split` naming the
-    dimension TP splits: "out" (N) or "in" (K, partial products summed over the mesh).
-    Elsewhere XLA's `ragged_dot` runs.
+    --ragged`), per device over w's shard under `head_parallel.across`, `split` naming what TP
+    splits: "out" (N) or "in" (K, partial products summed). Elsewhere XLA's `ragged_dot` runs.
     """
     if split not in ("in", "out"):
         raise ValueError(f"ragged_dot: split must be 'in' or 'out', got {split!r}")

@@ -50,6 +50,7 @@ SOURCES = {
     "paged_decode": PACKAGE / "paged_attention" / "paged_decode.cc",
     "ragged_matmul": PACKAGE / "ragged_matmul" / "ragged_matmul.cc",
     "write_rows": PACKAGE / "paged_attention" / "page_writes.cc",
+    "first_max": PACKAGE / "sampling" / "first_max.cc",
 }
 KERNELS = (
     "gdn_decode",
@@ -65,6 +66,7 @@ KERNELS = (
     "ragged_matmul_int8",
     "write_rows",
     "read_rows",
+    "first_max",
 )
 # handlers that share another kernel's source
 SOURCE_OF = {
