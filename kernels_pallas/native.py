@@ -3,7 +3,8 @@
 XLA:CPU has no counterpart of a Pallas kernel, so where a step's XLA form makes many passes over
 memory a short C++ handler does the job in one: the GDN decode update, decode attention over
 paged K/V, the small-batch matmul, which XLA's GEMM libraries run with a packing pass over the
-weight, and the experts' grouped matmul, which XLA runs densely against every expert. Each
+weight, the experts' grouped matmul, which XLA runs densely against every expert, and the
+sampler's first maximum of each row, which XLA takes in three parallel passes. Each
 source lives in its operation's folder (`SOURCES`) beside its Python binding; what they share,
 the build and load here, the parallel-for of `parallel.h` and the streamed multiply of
 `row_panels.h` beside this module, stays at the top of `kernels_pallas` so that no operation's
