@@ -5,8 +5,8 @@
 // index rank per element and a reduction of the ranks: `reference.first_max`), each of them a
 // parallel loop; at 32 rows of a 32k vocabulary that was 4 ms of a decode step's sampling, on
 // the path between one step and the next. Here a row is read once for its maximum and once,
-// from cache, up to its first occurrence, on the calling thread alone: the engine's host thread
-// is busy on the other core while the sampler runs, and a loop split across both waited on it.
+// from cache, up to its first occurrence; rows are shared among threads from 128K logits each
+// (a row of a large vocabulary; the engine's host thread waits on the sampled ids meanwhile).
 //
 // FlipjaxFirstMax: x f32[*lead, V] with V > 0 -> s32[*lead], the index of each row's first
 // maximum, as `jnp.argmax` gives it: a NaN counts as the maximum (the first NaN wins), and
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -24,6 +25,8 @@ namespace {
 
 // Sixteen lanes whatever the instruction set; the compiler splits them into its own vectors.
 constexpr int64_t kLanes = 16;
+// Logits that pay for waking a thread: 512 KB, about 40 us for one thread to read.
+constexpr int64_t kWorkPerThread = 1 << 17;
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t Mask __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
@@ -81,7 +84,8 @@ int32_t FirstMax(const float* x, int64_t v) {
       x, v, [top](float a) { return a == top; }, [tops](Vec a) { return a == tops; }));
 }
 
-ffi::Error FirstMaxImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::S32> out) {
+ffi::Error FirstMaxImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x,
+                        ffi::ResultBuffer<ffi::S32> out) {
   const auto dims = x.dimensions();
   if (dims.size() < 1 || dims.back() <= 0 || dims.back() > INT32_MAX) {
     return ffi::Error::InvalidArgument("first max: x must be [*lead, V] with 0 < V < 2^31");
@@ -93,7 +97,10 @@ ffi::Error FirstMaxImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::S32> out
   }
   const float* xp = x.typed_data();
   int32_t* yp = out->typed_data();
-  for (int64_t r = 0; r < rows; ++r) yp[r] = FirstMax(xp + r * v, v);
+  const int64_t n_threads = flipjax::Threads(threads, rows * v, kWorkPerThread);
+  flipjax::ParallelFor(threads, rows, 1, n_threads, [=](int64_t first, int64_t last) {
+    for (int64_t r = first; r < last; ++r) yp[r] = FirstMax(xp + r * v, v);
+  });
   return ffi::Error::Success();
 }
 
@@ -101,6 +108,7 @@ ffi::Error FirstMaxImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::S32> out
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FlipjaxFirstMax, FirstMaxImpl,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x
                                   .Ret<ffi::Buffer<ffi::S32>>()  // index of each row's maximum
 );

@@ -1,6 +1,6 @@
 """Each row's first maximum by the native CPU kernel (`first_max.cc`, beside this file): one read
-of a row for its maximum and one up to where it first occurs, on the calling thread. This module
-imports nothing from flipjax."""
+of a row for its maximum and one up to where it first occurs. This module imports nothing from
+flipjax."""
 
 from __future__ import annotations
 

@@ -57,6 +57,14 @@ def test_leading_dimensions_are_rows():
     np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
 
 
+def test_rows_shared_among_threads_each_get_their_own_index():
+    # 48 rows of a 32k vocabulary: enough logits for every thread of the pool.
+    x = np.tile(rows(32000), (4, 1))[:48]
+    x[-1, 31999] = np.inf  # the last row's maximum in its last element
+    got = jax.jit(native_binding.first_max)(x)
+    np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
+
+
 def test_the_kernel_refuses_what_it_cannot_take():
     with pytest.raises(ValueError, match="0 < V"):
         native_binding.first_max(jnp.zeros((3, 0), jnp.float32))
