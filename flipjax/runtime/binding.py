@@ -34,6 +34,7 @@ from flipjax.runtime.paged import (
     updates_in_place,
     write_chain,
     write_slots,
+    writing,
 )
 from flipjax.runtime.placement import REPLICATED, Placement
 from flipjax.runtime.pool_programs import placed_zeros
@@ -223,7 +224,8 @@ def compile_programs(
             hidden=binding.hidden,
         )
         leaves, tree = jax.tree.flatten(stage_params(params, span))
-        writer = write_chain if verify else write_slots
+        written = write_chain if verify else write_slots
+        writer = functools.partial(writing, binding.kernels, mesh, written)
         write_jit = dict(donate_argnums=(0,), out_shardings=gdn_sh)
         for b, t in shapes:
             key = binding._key(s, (b, t), scoring, verify)

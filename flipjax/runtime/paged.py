@@ -232,5 +232,15 @@ def write_chain(
     return write_slots(gdn, chain.reshape(-1), flat)
 
 
+def writing(kernels: str, mesh: Mesh | None, writer: Any, *args: Any) -> Any:
+    """`writer(*args)` (`write_slots`, `write_chain`) traced for a stage's kernel mode and mesh."""
+    with dispatch.kernels(kernels), head_parallel.across(mesh):
+        return writer(*args)
+
+
 def _write_rows(pool: jax.Array, slot_ids: jax.Array, rows: jax.Array) -> jax.Array:
+    if head_parallel.local():
+        # One device: in native mode the kernel writes the rows into the donated pool in place,
+        # where XLA's scatter took 0.13 ms a layer at 32 rows, between one step and the next.
+        return dispatch.page_writer()(pool, rows, slot_ids)
     return pool.at[slot_ids].set(rows.astype(pool.dtype), mode="drop")
