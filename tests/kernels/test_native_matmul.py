@@ -57,7 +57,7 @@ def test_the_kernel_is_the_float64_product(rows, k, n):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.sqrt(k) * 8)
 
 
-@pytest.mark.parametrize("rows", [1, 8, 9])
+@pytest.mark.parametrize("rows", [1, 8, 9, 33])
 @pytest.mark.parametrize("k,n", [(65, 821), (3, 21)])
 def test_a_bf16_weight_is_widened_exactly_and_accumulated_in_fp32(rows, k, n):
     x, w = _operands(rows, k, n, seed=2)
@@ -74,11 +74,12 @@ def test_a_bf16_weight_is_widened_exactly_and_accumulated_in_fp32(rows, k, n):
 @pytest.mark.parametrize("isa", sorted(native.ISAS))
 def test_a_rows_result_does_not_depend_on_its_batch(isa):
     _needs(isa)
-    x, w = _operands(13, 200, 500, seed=1)
+    # 37 rows: more than two groups of rows on every instruction set, so w is packed.
+    x, w = _operands(37, 200, 500, seed=1)
     together = _run(x, w, isa)
     want = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(together, want, rtol=0, atol=2e-6 * np.sqrt(200) * 8)
-    for i in range(13):
+    for i in range(37):
         np.testing.assert_array_equal(_run(x[i : i + 1], w, isa)[0], together[i])
 
 
