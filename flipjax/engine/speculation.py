@@ -102,16 +102,28 @@ class Speculation:
                     ahead = functools.partial(steps.row, s, s.drafts[:i])
                     row = steps.faults.guard(s, "sampling", ahead)
                 sampler_rows.append(row)
-        with self.runner.compiles.watch():
-            flat = _rows_of(logits)
-        out = jax.device_get(self.runner.launch_sample(flat, sampler_rows))
+        with self.runner.compiles.watch():  # as `ModelRunner.warmup` reshapes them
+            flat = logits.reshape(-1, logits.shape[-1])
+        sampled = self.runner.launch_sample(flat, sampler_rows)
+        drafting = self._draft_verified(seqs, allowed, hidden, sampled.tokens)
+        out = jax.device_get(sampled)  # the head drafts on the device meanwhile
         finished, taken = [], []
         for r, (s, k) in enumerate(zip(seqs, allowed, strict=True)):
             count = self._commit(steps, s, k, out, r * width) if s.error is None else 0
             taken.append(count)
             if s.error is not None or s.finish_reason is not None:
                 finished.append(s)
-        self._draft(seqs, taken, hidden)
+        drafts, took = jax.device_get(drafting)
+        for r, (s, n) in enumerate(zip(seqs, taken, strict=True)):
+            s.drafts = []
+            if n == 0 or s.error is not None or s.finish_reason is not None:
+                continue
+            if took[r] != n:  # the device's count is the host's, but for a row that stopped
+                raise RuntimeError(
+                    f"speculation: request {s.request_id} took {n} tokens, its drafts were "
+                    f"made after {took[r]}"
+                )
+            s.drafts = [int(x) for x in drafts[r]]
         self._record(len(seqs), True, sum(taken), time.perf_counter() - t0)
         return finished
 
@@ -135,19 +147,25 @@ class Speculation:
         positions known: the prompt's, or the first one sampled), drafting from its end."""
         if seq.error is not None or seq.finish_reason is not None:
             return
-        following = seq.all_ids[start + 1 : start + length + 1]
-        self._draft([seq], [len(following)], hidden, start=[start], tokens=[following])
+        self._draft(seq, start, seq.all_ids[start + 1 : start + length + 1], hidden)
 
     def warmup(self) -> None:
         """Compile the head's programs for every step shape (all padding: nothing written)."""
         runner, hidden = self.runner, self.runner.cfg.hidden_size
+        prefill = set(runner.prefill_shapes)
         for b, t in runner.shapes:
             if t == 1:
                 continue
-            positions = np.full((b, t), -1, np.int32)
             states = jnp.zeros((b, t, hidden), runner.binding.dtype, device=self.drafter.device)
             table = np.zeros((b, runner.table_width), np.int32)
-            self.drafter.draft(states, positions.clip(0), positions, table)
+            if (b, t) in prefill:
+                positions = np.full((b, t), -1, np.int32)
+                self.drafter.draft(states, positions.clip(0), positions, table)
+            if t == runner.decode_tokens:
+                sampled = jnp.zeros(b * t, jnp.int32, device=self.drafter.device)
+                none = np.full(b, -1, np.int32)
+                args = (np.zeros((b, t - 1), np.int32), none, none.clip(0), table)
+                jax.block_until_ready(self.drafter.draft_verified(states, sampled, *args))
 
     def stats(self) -> SpeculativeStats:
         """Accept lengths (histogram) and acceptance per draft position, a snapshot."""
@@ -212,36 +230,38 @@ class Speculation:
             self.accepted_at[i] += i < agreed
         return taken
 
-    def _draft(
-        self,
-        seqs: list[Sequence],
-        counts: list[int],
-        hidden: jax.Array,
-        start: list[int] | None = None,
-        tokens: list[list[int]] | None = None,
-    ) -> None:
-        """Run the head over each row's `counts` newest computed positions (from `start`,
-        default where they begin, followed by `tokens`, default the row's own) and keep its
-        drafts; a row with none, or finished, keeps none."""
+    def _draft_verified(
+        self, seqs: list[Sequence], allowed: list[int], hidden: jax.Array, sampled: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """Dispatch the head's drafts after the verify step just sampled, from every row's
+        accepted positions (`Drafter.draft_verified`): (drafts, tokens taken), on device."""
         b, t = hidden.shape[:2]
-        positions = np.full((b, t), -1, np.int32)
-        following = np.zeros((b, t), np.int32)
+        drafts = np.zeros((b, t - 1), np.int32)
+        starts = np.full(b, -1, np.int32)
+        counts = np.zeros(b, np.int32)
         table = np.zeros((b, self.runner.table_width), np.int32)
-        for r, (s, n) in enumerate(zip(seqs, counts, strict=True)):
-            s.drafts = []
-            if n == 0 or s.error is not None or s.finish_reason is not None:
+        for r, (s, k) in enumerate(zip(seqs, allowed, strict=True)):
+            if s.error is not None:
                 continue
-            first = start[r] if start is not None else s.num_computed - n
-            after = tokens[r] if tokens is not None else s.all_ids[first + 1 : first + n + 1]
-            positions[r, :n] = np.arange(first, first + n)
-            following[r, :n] = after
+            drafts[r, :k] = s.drafts[:k]
+            starts[r], counts[r] = s.num_computed, k
             table[r, : len(s.pages)] = s.pages
-        if not (positions >= 0).any():
-            return
-        drafts = self.drafter.draft(hidden, following, positions, table)
-        for r, (s, n) in enumerate(zip(seqs, counts, strict=True)):
-            if n and s.error is None and s.finish_reason is None:
-                s.drafts = [int(x) for x in drafts[r]]
+        return self.drafter.draft_verified(hidden, sampled, drafts, starts, counts, table)
+
+    def _draft(self, seq: Sequence, start: int, following: list[int], hidden: jax.Array) -> None:
+        """Run the head over `seq`'s positions from `start`, one per token in `following` (the
+        token after each), writing its K/V there, and keep the drafts after the last."""
+        b, t = hidden.shape[:2]
+        n = len(following)
+        positions = np.full((b, t), -1, np.int32)
+        after = np.zeros((b, t), np.int32)
+        table = np.zeros((b, self.runner.table_width), np.int32)
+        positions[0, :n] = np.arange(start, start + n)
+        after[0, :n] = following
+        table[0, : len(seq.pages)] = seq.pages
+        seq.drafts = []
+        if n:
+            seq.drafts = [int(x) for x in self.drafter.draft(hidden, after, positions, table)[0]]
 
 
 def split_draft_head(
@@ -263,9 +283,3 @@ def split_draft_head(
             "model has none"
         )
     return model, head
-
-
-@jax.jit
-def _rows_of(logits: jax.Array) -> jax.Array:
-    """A verify step's logits [B, T, vocab] as sampler rows [B * T, vocab], row-major."""
-    return logits.reshape(-1, logits.shape[-1])

@@ -3,8 +3,10 @@
 A verify step multiplies K + 1 positions per row and the head drafts K more, so it pays only
 where a step is bound by reading the weights (a large model, a small batch) and not by
 arithmetic or per-call costs (a small model on a CPU, a large batch). Rather than guess, the
-policy measures: per batch-size bucket, a few steps each way (tokens taken per second of the
-step), then the faster way, with the other measured again every `REPROBE_EVERY` steps in case
+policy measures: per batch-size bucket, a few steps each way (the tokens a step takes, on
+average, over the time a step usually takes: the median, as a stalled step is not the usual
+one, while a verify step's tokens vary from step to step but its time does not), then the
+faster way, with the other measured again every `REPROBE_EVERY` steps in case
 the load changed. The first step after each switch is not counted (it may compile, and a
 request's drafts are empty after plain steps). The tokens are the same either way.
 """
@@ -17,13 +19,13 @@ from dataclasses import dataclass, field
 
 from flipjax.runtime.buckets import pow2_bucket
 
-PROBE_STEPS = 6  # steps of a way measured before it is judged (by their median: steps are noisy)
+PROBE_STEPS = 6  # steps of a way measured before it is judged
 REPROBE_EVERY = 192  # steps of the chosen way before the other is measured again
 
 
 @dataclass
 class _Bucket:
-    rates: dict[bool, deque[float]] = field(
+    steps: dict[bool, deque[tuple[int, float]]] = field(  # (tokens, seconds) of recent steps
         default_factory=lambda: {True: deque(maxlen=PROBE_STEPS), False: deque(maxlen=PROBE_STEPS)}
     )
     last: bool | None = None  # the way the previous step took
@@ -33,7 +35,8 @@ class _Bucket:
     decided: bool | None = None  # the way chosen for the step not yet recorded
 
     def rate(self, speculate: bool) -> float:
-        return statistics.median(self.rates[speculate])
+        tokens, seconds = zip(*self.steps[speculate], strict=True)
+        return statistics.mean(tokens) / statistics.median(seconds)
 
 
 class SpeculationPolicy:
@@ -61,13 +64,13 @@ class SpeculationPolicy:
         switched = bucket.last is not None and bucket.last != speculated
         self.counters["switches"] += switched
         if bucket.last is not None and not switched and seconds > 0:
-            bucket.rates[speculated].append(tokens / seconds)
+            bucket.steps[speculated].append((tokens, seconds))
         bucket.last = speculated
 
     def _choose(self, rows: int) -> bool:
         bucket = self._bucket(rows)
         for way in (True, False):  # each way measured before either is judged
-            if len(bucket.rates[way]) < PROBE_STEPS:
+            if len(bucket.steps[way]) < PROBE_STEPS:
                 return way
         if bucket.probing:
             bucket.probing -= 1

@@ -81,6 +81,7 @@ class Drafter:
         self.bytes = drafter_bytes(cfg, head, params, page_size)  # weights, one KV page
         self.kv = self._zeros(num_pages)
         self._programs: dict[tuple[int, int], Any] = {}
+        self._verified: dict[tuple[int, int], Any] = {}  # draft_verified's, by shape
 
     def _zeros(self, num_pages: int) -> KVPages:
         zeros = jnp.zeros((num_pages, *self._kv_shape), self._dtype, device=self.device)
@@ -123,13 +124,68 @@ class Drafter:
             )
         return np.asarray(jax.device_get(drafts))
 
+    def draft_verified(
+        self,
+        hidden: jax.Array,
+        sampled: jax.Array,
+        drafts: np.ndarray,
+        starts: np.ndarray,
+        allowed: np.ndarray,
+        table: np.ndarray,
+    ) -> tuple[jax.Array, jax.Array]:
+        """`draft` after a verify step, dispatched behind its sampler with no trip to the host:
+        each row takes the positions from `starts` (-1: none) on, as many as its drafts the
+        sampled tokens agree with, the first `allowed`, plus one; the token after each is the
+        one sampled there. hidden: the verify step's [B, K + 1, H]; sampled: the sampler's
+        tokens for its rows, [B * (K + 1)], on this device; drafts: the drafts checked [B, K].
+        Returns, not yet fetched, the new drafts [B, K] and the tokens each row took [B]."""
+        b, t = hidden.shape[:2]
+        if sampled.shape != (b * t,) or drafts.shape != (b, t - 1):
+            raise ValueError(
+                f"draft_verified: sampled {sampled.shape} and drafts {drafts.shape} do not "
+                f"match hidden {hidden.shape}"
+            )
+        if (b, t) not in self._verified:
+            self._verified[(b, t)] = jax.jit(self._accepting(self._body()), donate_argnums=(1,))
+        with self.compiles.watch():
+            new, taken, self.kv = self._verified[(b, t)](
+                self._params,
+                self.kv,
+                *jax.device_put((hidden, sampled), self.device),  # one sharding, as warmed up
+                *(jax.device_put(a.astype(np.int32), self.device) for a in (drafts, starts)),
+                jax.device_put(allowed.astype(np.int32), self.device),
+                jax.device_put(table.astype(np.int32), self.device),
+            )
+        return new, taken
+
     def _program(self, b: int, t: int) -> Any:
         """The drafting program for [b, t] rows, compiled on first use."""
         if (b, t) not in self._programs:
-            self._programs[(b, t)] = self._build()
+            self._programs[(b, t)] = jax.jit(self._body(), donate_argnums=(1,))
         return self._programs[(b, t)]
 
-    def _build(self) -> Any:
+    @staticmethod
+    def _accepting(body: Any) -> Any:
+        """`body` fed by a verify step's sampled tokens: the positions each row took, found on
+        the device as `Speculation._commit` finds them on the host (the drafts agreed with,
+        then the model's own token)."""
+
+        def run(params, kv, hidden, sampled, drafts, starts, allowed, table):  # noqa: ANN001, ANN202
+            b, t = hidden.shape[:2]
+            sampled = sampled.reshape(b, t)
+            agree = (sampled[:, :-1] == drafts) & (jnp.arange(t - 1) < allowed[:, None])
+            taken = jnp.sum(jnp.cumprod(agree.astype(jnp.int32), axis=1), axis=1) + 1
+            at = jnp.arange(t)
+            took = (at < taken[:, None]) & (starts[:, None] >= 0)
+            positions = jnp.where(took, starts[:, None] + at, -1)
+            new, pages = body(params, kv, hidden, sampled, positions, table)
+            return new, jnp.where(starts >= 0, taken, 0), pages
+
+        return run
+
+    def _body(self) -> Any:
+        """The drafting computation: (params, kv, hidden, next_tokens, positions, table) ->
+        (drafts, the head's KV pages)."""
         graphdef, parts = self._graphdefs
         steps, kernels, mesh = self.num_steps, self.kernels, self.mesh
 
@@ -157,4 +213,4 @@ class Drafter:
                     drafts.append(token)
             return jnp.stack(drafts, axis=1), cache.pages
 
-        return jax.jit(run, donate_argnums=(1,))
+        return run

@@ -113,7 +113,12 @@ class ModelRunner:
         decode = [(b, 1) for b in self.decode_buckets]
         if self.decode_tokens > 1:
             decode += [(b, self.decode_tokens) for b in self.decode_buckets]
-        return decode + [(b, t) for t, n in self.prefill_rows.items() for b in pow2_range(1, n)]
+        return decode + self.prefill_shapes
+
+    @property
+    def prefill_shapes(self) -> list[tuple[int, int]]:
+        """The prefill buckets, (rows, tokens)."""
+        return [(b, t) for t, n in self.prefill_rows.items() for b in pow2_range(1, n)]
 
     @mirrored
     def run(self, rows: list[Row], decode: bool, score: int | None = None) -> Any:

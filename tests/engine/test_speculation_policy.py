@@ -50,3 +50,19 @@ def test_without_adaptive_every_step_speculates():
     taken = _drive(policy, {4: {True: 1.0, False: 1000.0}}, 100)
     assert all(way for _, way in taken)
     assert policy.counters["plain"] == 0
+
+
+def test_a_way_is_judged_by_its_tokens_per_step_over_its_usual_step_time():
+    """Verify steps take about the same time however many drafts they keep, so speculation's
+    rate is its mean tokens per step over its median step time; a median of per-step rates
+    would take the steps that kept few drafts for the typical one. A rare stall (here a plain
+    step of 40 ms) moves neither way's measure."""
+    policy = SpeculationPolicy()
+    kept = iter([1, 1, 1, 1, 4, 4] * 4)  # 2 tokens a verify step, each 10 ms: 200 a second
+    stalls = iter([6e-3] * 5 + [40e-3] + [6e-3] * 20)  # 1 token a plain step: 167 a second
+    for _ in range(2 * PROBE_STEPS + 3):
+        if policy.speculate(1):
+            policy.record(1, True, next(kept), 10e-3)
+        else:
+            policy.record(1, False, 1, next(stalls))
+    assert policy.speculate(1) is True
