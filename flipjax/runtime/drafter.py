@@ -152,9 +152,7 @@ class Drafter:
                 self._params,
                 self.kv,
                 *jax.device_put((hidden, sampled), self.device),  # one sharding, as warmed up
-                *(jax.device_put(a.astype(np.int32), self.device) for a in (drafts, starts)),
-                jax.device_put(allowed.astype(np.int32), self.device),
-                jax.device_put(table.astype(np.int32), self.device),
+                *(a.astype(np.int32) for a in (drafts, starts, allowed, table)),
             )
         return new, taken
 
