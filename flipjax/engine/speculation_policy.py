@@ -6,9 +6,11 @@ arithmetic or per-call costs (a small model on a CPU, a large batch). Rather tha
 policy measures: per batch-size bucket, a few steps each way (the tokens a step takes, on
 average, over the time a step usually takes: the median, as a stalled step is not the usual
 one, while a verify step's tokens vary from step to step but its time does not), then the
-faster way, with the other measured again every `REPROBE_EVERY` steps in case
-the load changed. The first step after each switch is not counted (it may compile, and a
-request's drafts are empty after plain steps). The tokens are the same either way.
+faster way, with the other measured again after `REPROBE_EVERY` steps in case the load
+changed. Each measure that confirms the choice doubles the wait before the next, up to
+`MAX_REPROBE_EVERY` (a measure costs a few of the slower way's steps); a change of choice sets
+it back. The first step after each switch is not counted (it may compile, and a request's
+drafts are empty after plain steps). The tokens are the same either way.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flipjax.runtime.buckets import pow2_bucket
 
 PROBE_STEPS = 6  # steps of a way measured before it is judged
 REPROBE_EVERY = 192  # steps of the chosen way before the other is measured again
+MAX_REPROBE_EVERY = 8 * REPROBE_EVERY  # the wait once many measures confirmed the choice
 
 
 @dataclass
@@ -33,6 +36,9 @@ class _Bucket:
     probing: int = 0  # steps left measuring the way not chosen
     probe_way: bool = False  # the way being measured again
     decided: bool | None = None  # the way chosen for the step not yet recorded
+    reprobe_every: int = REPROBE_EVERY  # steps of the chosen way before the next measure
+    choice: bool | None = None  # the way last chosen on the measures
+    measured: bool = False  # a measure of the other way just ended
 
     def rate(self, speculate: bool) -> float:
         tokens, seconds = zip(*self.steps[speculate], strict=True)
@@ -75,10 +81,16 @@ class SpeculationPolicy:
         if bucket.probing:
             bucket.probing -= 1
             return bucket.probe_way
-        bucket.since_probe += 1
         best = bucket.rate(True) >= bucket.rate(False)
-        if bucket.since_probe > REPROBE_EVERY:  # measure the other way again: the load changes
+        if best != bucket.choice:  # by a measure, or as the chosen way's own steps slowed
+            bucket.reprobe_every, bucket.since_probe = REPROBE_EVERY, 0
+        elif bucket.measured:  # confirmed
+            bucket.reprobe_every = min(2 * bucket.reprobe_every, MAX_REPROBE_EVERY)
+        bucket.choice, bucket.measured = best, False
+        bucket.since_probe += 1
+        if bucket.since_probe > bucket.reprobe_every:  # measure the other way: the load changes
             bucket.since_probe, bucket.probing, bucket.probe_way = 0, PROBE_STEPS, not best
+            bucket.measured = True
             return not best
         return best
 

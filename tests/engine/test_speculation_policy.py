@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from flipjax.engine.speculation_policy import PROBE_STEPS, REPROBE_EVERY, SpeculationPolicy
+from flipjax.engine.speculation_policy import (
+    MAX_REPROBE_EVERY,
+    PROBE_STEPS,
+    REPROBE_EVERY,
+    SpeculationPolicy,
+)
 
 
 def _drive(policy: SpeculationPolicy, rates: dict[int, dict[bool, float]], steps: int) -> list:
@@ -66,3 +71,30 @@ def test_a_way_is_judged_by_its_tokens_per_step_over_its_usual_step_time():
         else:
             policy.record(1, False, 1, next(stalls))
     assert policy.speculate(1) is True
+
+
+def _chosen_runs(ways: list[bool], chosen: bool) -> list[int]:
+    """The lengths of the runs of `chosen` between measures of the other way."""
+    runs, n = [], 0
+    for way in ways:
+        if way == chosen:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def test_a_measure_that_confirms_the_choice_doubles_the_wait_before_the_next():
+    """Measuring the slower way costs its slower steps: while the load stays, the waits grow
+    192, 384, 768, then stay at eight times; a change of choice (here as the chosen way's own
+    steps slow down) sets them back."""
+    policy = SpeculationPolicy()
+    steady = {1: {True: 300.0, False: 100.0}}
+    ways = [way for _, way in _drive(policy, steady, 2 * PROBE_STEPS + 2 + 5000)]
+    waits = _chosen_runs(ways[2 * PROBE_STEPS + 2 :], True)
+    assert MAX_REPROBE_EVERY == 8 * REPROBE_EVERY
+    assert waits[:5] == [REPROBE_EVERY * f for f in (1, 2, 4, 8, 8)]
+    turned = {1: {True: 50.0, False: 100.0}}
+    ways = [way for _, way in _drive(policy, turned, 2 * MAX_REPROBE_EVERY)]
+    assert _chosen_runs(ways, False)[:3] == [REPROBE_EVERY * f for f in (1, 2, 4)]
