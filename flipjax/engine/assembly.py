@@ -20,6 +20,7 @@ from flax import nnx
 from flipjax.config.engine import LayoutConfig
 from flipjax.config.tree import FlipjaxConfig
 from flipjax.engine.caches import Caches
+from flipjax.engine.draft_head import split_draft_head
 from flipjax.engine.drafter_memory import drafter_footprint
 from flipjax.engine.overlap import Overlap
 from flipjax.engine.pool_resize import PoolResize
@@ -29,7 +30,7 @@ from flipjax.engine.reference import ContiguousForward
 from flipjax.engine.requests import Requests
 from flipjax.engine.scheduler import Scheduler
 from flipjax.engine.sessions import Sessions
-from flipjax.engine.speculation import Speculation, split_draft_head
+from flipjax.engine.speculation import Speculation
 from flipjax.engine.speculation_policy import SpeculationPolicy
 from flipjax.engine.step import Stepper
 from flipjax.model.config import ModelConfig

@@ -32,15 +32,14 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
+from flipjax.engine.device_drafts import DeviceDrafts
 from flipjax.engine.faults import Faults
 from flipjax.engine.sequence import Sequence
 from flipjax.engine.speculation_policy import SpeculationPolicy
 from flipjax.engine.stats import SpeculativeStats
-from flipjax.model.mtp import Qwen3NextMTP
-from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.runtime.allocator import Allocator
+from flipjax.runtime.buckets import pow2_bucket
 from flipjax.runtime.drafter import Drafter
 from flipjax.runtime.model_runner import ModelRunner, Row
 from flipjax.runtime.sampler import SamplerOutputs, SamplerRow
@@ -72,6 +71,7 @@ class Speculation:
         self.policy = policy
         self._last_end: float | None = None  # when the last decode step was recorded
         self.drafter = drafter
+        self.on_device = DeviceDrafts()  # the last verify step's drafts, not yet fetched
         self.allocator = allocator
         self.num_steps = drafter.num_steps
         self.max_model_len = max_model_len
@@ -86,26 +86,42 @@ class Speculation:
         failed)."""
         t0 = time.perf_counter()
         self.drafter.fit(self.allocator.pages.total)
+        fed = self._feeds(seqs)
+        if not fed:
+            self.on_device.fetch()
         allowed = [self._allowance(s) for s in seqs]
+        # Drafts still on device stand in as zeros on the host: no sampler row reads their
+        # values (`_feeds`: none of them has penalties), only how many there are.
         rows = [
-            Row([s.all_ids[-1], *s.drafts[:k]], s.num_computed, s.pages, s.slot)
+            Row([s.all_ids[-1], *(s.drafts or [0] * k)[:k]], s.num_computed, s.pages, s.slot)
             for s, k in zip(seqs, allowed, strict=True)
         ]
         chains = [[*s.draft_slots[:k], s.slot] for s, k in zip(seqs, allowed, strict=True)]
-        logits, hidden = self.runner.verify(rows, chains)
+        if fed:
+            source = [self.on_device.row(s) for s in seqs]
+            tokens, (logits, hidden) = self.runner.verify_fed(
+                rows, chains, self.on_device.drafts, source
+            )
+            self.counters["fed"] += 1
+        else:
+            logits, hidden = self.runner.verify(rows, chains)
+            tokens = np.zeros(hidden.shape[:2], np.int32)
+            for i, r in enumerate(rows):
+                tokens[i, : len(r.tokens)] = r.tokens
         width = self.num_steps + 1
         sampler_rows: list[SamplerRow | None] = []
-        for s, k in zip(seqs, allowed, strict=True):
+        for s, r, k in zip(seqs, rows, allowed, strict=True):
             for i in range(width):
                 row = None
                 if i <= k and s.error is None:
-                    ahead = functools.partial(steps.row, s, s.drafts[:i])
+                    ahead = functools.partial(steps.row, s, r.tokens[1 : i + 1])
                     row = steps.faults.guard(s, "sampling", ahead)
                 sampler_rows.append(row)
         with self.runner.compiles.watch():  # as `ModelRunner.warmup` reshapes them
             flat = logits.reshape(-1, logits.shape[-1])
         sampled = self.runner.launch_sample(flat, sampler_rows)
-        drafting = self._draft_verified(seqs, allowed, hidden, sampled.tokens)
+        drafting = self._draft_verified(seqs, allowed, hidden, sampled.tokens, tokens)
+        self.on_device.fetch()  # the drafts this step checked: made before it ran
         out = jax.device_get(sampled)  # the head drafts on the device meanwhile
         finished, taken = [], []
         for r, (s, k) in enumerate(zip(seqs, allowed, strict=True)):
@@ -113,22 +129,18 @@ class Speculation:
             taken.append(count)
             if s.error is not None or s.finish_reason is not None:
                 finished.append(s)
-        drafts, took = jax.device_get(drafting)
+        going = []
         for r, (s, n) in enumerate(zip(seqs, taken, strict=True)):
             s.drafts = []
-            if n == 0 or s.error is not None or s.finish_reason is not None:
-                continue
-            if took[r] != n:  # the device's count is the host's, but for a row that stopped
-                raise RuntimeError(
-                    f"speculation: request {s.request_id} took {n} tokens, its drafts were "
-                    f"made after {took[r]}"
-                )
-            s.drafts = [int(x) for x in drafts[r]]
+            if n and s.error is None and s.finish_reason is None:
+                going.append((s, r, n))
+        self.on_device.hold(*drafting, going)  # fetched when the next step commits
         self._record(len(seqs), True, sum(taken), time.perf_counter() - t0)
         return finished
 
     def after_plain_step(self, seqs: list[Sequence], seconds: float) -> None:
         """The policy ran a decode step of `seqs` without drafts: their drafts are stale."""
+        self.on_device.fetch()
         for s in seqs:
             s.drafts = []
         self._record(len(seqs), False, len(seqs), seconds)
@@ -147,6 +159,8 @@ class Speculation:
         positions known: the prompt's, or the first one sampled), drafting from its end."""
         if seq.error is not None or seq.finish_reason is not None:
             return
+        if self.on_device.row(seq) >= 0:  # resumed after a preemption: they are stale
+            self.on_device.fetch()
         self._draft(seq, start, seq.all_ids[start + 1 : start + length + 1], hidden)
 
     def warmup(self) -> None:
@@ -164,7 +178,7 @@ class Speculation:
             if t == runner.decode_tokens:
                 sampled = jnp.zeros(b * t, jnp.int32, device=self.drafter.device)
                 none = np.full(b, -1, np.int32)
-                args = (np.zeros((b, t - 1), np.int32), none, none.clip(0), table)
+                args = (np.zeros((b, t), np.int32), none, none.clip(0), table)
                 jax.block_until_ready(self.drafter.draft_verified(states, sampled, *args))
 
     def stats(self) -> SpeculativeStats:
@@ -189,11 +203,12 @@ class Speculation:
         grid point, so that a step that reaches it ends there and its state is published
         (`PrefixReuse.publish` keeps states on the grid); no more than it has draft slots and
         pages for (taken here, when free)."""
-        if seq.grammar is not None or not seq.drafts:
+        drafts = self.on_device.count(seq)
+        if seq.grammar is not None or not drafts:
             return 0
         left = min(seq.max_tokens - len(seq.output_ids), self.max_model_len - seq.num_tokens + 1)
         to_grid = self.gdn_interval - seq.num_computed % self.gdn_interval
-        k = max(0, min(len(seq.drafts), self.num_steps, left - 1, to_grid - 1))
+        k = max(0, min(drafts, self.num_steps, left - 1, to_grid - 1))
         missing = k - len(seq.draft_slots)
         if missing > 0 and not self.allocator.take_draft_slots(seq, missing):
             k = len(seq.draft_slots)
@@ -230,23 +245,38 @@ class Speculation:
             self.accepted_at[i] += i < agreed
         return taken
 
+    def _feeds(self, seqs: list[Sequence]) -> bool:
+        """Whether this verify step takes the drafts held on device as they are: on one process
+        and stage (`ModelRunner.overlaps`), in a batch of the bucket they were made in, and
+        with no penalties on a row that has them (its sampler row needs their values)."""
+        drafts = self.on_device.drafts
+        if drafts is None or not self.runner.overlaps:
+            return False
+        if drafts.shape[0] != pow2_bucket(len(seqs)):
+            return False
+        return not any(self.on_device.row(s) >= 0 and s.params.uses_penalties for s in seqs)
+
     def _draft_verified(
-        self, seqs: list[Sequence], allowed: list[int], hidden: jax.Array, sampled: jax.Array
+        self,
+        seqs: list[Sequence],
+        allowed: list[int],
+        hidden: jax.Array,
+        sampled: jax.Array,
+        tokens: jax.Array | np.ndarray,
     ) -> tuple[jax.Array, jax.Array]:
-        """Dispatch the head's drafts after the verify step just sampled, from every row's
-        accepted positions (`Drafter.draft_verified`): (drafts, tokens taken), on device."""
-        b, t = hidden.shape[:2]
-        drafts = np.zeros((b, t - 1), np.int32)
+        """Dispatch the head's drafts after the verify step of `tokens` just sampled, from
+        every row's accepted positions (`Drafter.draft_verified`): (drafts, tokens taken), on
+        device."""
+        b = hidden.shape[0]
         starts = np.full(b, -1, np.int32)
         counts = np.zeros(b, np.int32)
         table = np.zeros((b, self.runner.table_width), np.int32)
         for r, (s, k) in enumerate(zip(seqs, allowed, strict=True)):
             if s.error is not None:
                 continue
-            drafts[r, :k] = s.drafts[:k]
             starts[r], counts[r] = s.num_computed, k
             table[r, : len(s.pages)] = s.pages
-        return self.drafter.draft_verified(hidden, sampled, drafts, starts, counts, table)
+        return self.drafter.draft_verified(hidden, sampled, tokens, starts, counts, table)
 
     def _draft(self, seq: Sequence, start: int, following: list[int], hidden: jax.Array) -> None:
         """Run the head over `seq`'s positions from `start`, one per token in `following` (the
@@ -262,24 +292,3 @@ class Speculation:
         seq.drafts = []
         if n:
             seq.drafts = [int(x) for x in self.drafter.draft(hidden, after, positions, table)[0]]
-
-
-def split_draft_head(
-    model: Qwen3NextForCausalLM, head: Qwen3NextMTP | None, draft_tokens: int
-) -> tuple[Qwen3NextForCausalLM, Qwen3NextMTP | None]:
-    """The model the steps run (never with its MTP head) and the head speculation drafts
-    with: `head`, or the one `model` was built with; refused by name when speculation asks
-    for a head there is none of."""
-    own = getattr(model, "mtp", None)
-    if own is not None:
-        model = nnx.merge(*nnx.split(model))  # the caller's model keeps its head
-        del model.mtp
-    head = head if head is not None else own
-    if not draft_tokens:
-        return model, None
-    if head is None:
-        raise ValueError(
-            "speculative_algorithm: MTP needs the checkpoint's MTP head (mtp.* tensors); this "
-            "model has none"
-        )
-    return model, head

@@ -128,7 +128,7 @@ class Drafter:
         self,
         hidden: jax.Array,
         sampled: jax.Array,
-        drafts: np.ndarray,
+        tokens: jax.Array | np.ndarray,
         starts: np.ndarray,
         allowed: np.ndarray,
         table: np.ndarray,
@@ -137,22 +137,25 @@ class Drafter:
         each row takes the positions from `starts` (-1: none) on, as many as its drafts the
         sampled tokens agree with, the first `allowed`, plus one; the token after each is the
         one sampled there. hidden: the verify step's [B, K + 1, H]; sampled: the sampler's
-        tokens for its rows, [B * (K + 1)], on this device; drafts: the drafts checked [B, K].
-        Returns, not yet fetched, the new drafts [B, K] and the tokens each row took [B]."""
+        tokens for its rows, [B * (K + 1)], on this device; tokens: the step's own [B, K + 1]
+        (the pending token, then the drafts checked), on the host or a device. Returns, not
+        yet fetched, the new drafts [B, K] and the tokens each row took [B]."""
         b, t = hidden.shape[:2]
-        if sampled.shape != (b * t,) or drafts.shape != (b, t - 1):
+        if sampled.shape != (b * t,) or tokens.shape != (b, t):
             raise ValueError(
-                f"draft_verified: sampled {sampled.shape} and drafts {drafts.shape} do not "
+                f"draft_verified: sampled {sampled.shape} and tokens {tokens.shape} do not "
                 f"match hidden {hidden.shape}"
             )
         if (b, t) not in self._verified:
             self._verified[(b, t)] = jax.jit(self._accepting(self._body()), donate_argnums=(1,))
         with self.compiles.watch():
+            tokens = jnp.asarray(tokens, jnp.int32)
+            on_device = jax.device_put((hidden, sampled, tokens), self.device)  # as warmed up
             new, taken, self.kv = self._verified[(b, t)](
                 self._params,
                 self.kv,
-                *jax.device_put((hidden, sampled), self.device),  # one sharding, as warmed up
-                *(a.astype(np.int32) for a in (drafts, starts, allowed, table)),
+                *on_device,
+                *(a.astype(np.int32) for a in (starts, allowed, table)),
             )
         return new, taken
 
@@ -168,10 +171,10 @@ class Drafter:
         the device as `Speculation._commit` finds them on the host (the drafts agreed with,
         then the model's own token)."""
 
-        def run(params, kv, hidden, sampled, drafts, starts, allowed, table):  # noqa: ANN001, ANN202
+        def run(params, kv, hidden, sampled, tokens, starts, allowed, table):  # noqa: ANN001, ANN202
             b, t = hidden.shape[:2]
             sampled = sampled.reshape(b, t)
-            agree = (sampled[:, :-1] == drafts) & (jnp.arange(t - 1) < allowed[:, None])
+            agree = (sampled[:, :-1] == tokens[:, 1:]) & (jnp.arange(t - 1) < allowed[:, None])
             taken = jnp.sum(jnp.cumprod(agree.astype(jnp.int32), axis=1), axis=1) + 1
             at = jnp.arange(t)
             took = (at < taken[:, None]) & (starts[:, None] >= 0)

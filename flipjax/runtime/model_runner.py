@@ -28,6 +28,7 @@ from flipjax.runtime.binding import Binding
 from flipjax.runtime.buckets import pages_for, pow2_bucket, pow2_range, prefill_bucket
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.draft_feed import fed_tokens
 from flipjax.runtime.host_image import HostImage
 from flipjax.runtime.host_pages import HostPages
 from flipjax.runtime.mirror import mirrored
@@ -145,15 +146,33 @@ class ModelRunner:
             tokens[i, : len(r.tokens)] = r.tokens
             if targets is not None and r.targets is not None:
                 targets[i, : len(r.targets)] = r.targets
-        if score is not None:
-            return self.binding.run(tokens, positions, page_table, slot_ids, targets, score)
-        return self._run(tokens, positions, page_table, slot_ids)
+        return self.binding.run(tokens, positions, page_table, slot_ids, targets, score)
 
     @mirrored
     def verify(self, rows: list[Row], chains: list[list[int]]) -> Any:
         """A speculative verify step of each row's pending token and drafts (`tokens`), the GDN
         state after token i kept in slot `chains[r][i]`: (logits [B_bucket, K + 1, vocab],
         the hidden states there)."""
+        tokens, positions, page_table, slot_ids, chain = self._verify_inputs(rows, chains)
+        return self.binding.run(tokens, positions, page_table, slot_ids, chain=chain)
+
+    def verify_fed(
+        self, rows: list[Row], chains: list[list[int]], drafts: jax.Array, source: list[int]
+    ) -> tuple[jax.Array, Any]:
+        """`verify` where row i's drafts are row `source[i]` of `drafts` [B, K], the head's
+        still on device (-1: its `tokens` as given; either way as many as it has tokens after
+        the first): (the step's tokens [B, K + 1] on device, its result). Single process, one
+        stage (`overlaps`)."""
+        tokens, positions, page_table, slot_ids, chain = self._verify_inputs(rows, chains)
+        b = tokens.shape[0]
+        counts = np.array([len(r.tokens) - 1 for r in rows] + [0] * (b - len(rows)), np.int32)
+        rows_of = np.array([*source, *[-1] * (b - len(source))], np.int32)
+        with self.compiles.watch():
+            drafts = jax.device_put(drafts, self.binding.sampler_device)
+            fed = fed_tokens(tokens, drafts, rows_of, counts)
+        return fed, self.binding.run_sampled(fed, positions, page_table, slot_ids, chain)
+
+    def _verify_inputs(self, rows: list[Row], chains: list[list[int]]) -> tuple[np.ndarray, ...]:
         b, t = pow2_bucket(len(rows)), self.decode_tokens
         tokens, positions, page_table, slot_ids = self._inputs(rows, b, t)
         chain = np.full((b, t), self.num_slots, np.int32)
@@ -162,7 +181,7 @@ class ModelRunner:
                 raise ValueError(f"verify: row {i} has {len(r.tokens)} tokens, {len(c)} slots")
             tokens[i, : len(r.tokens)] = r.tokens
             chain[i, : len(c)] = c
-        return self.binding.run(tokens, positions, page_table, slot_ids, chain=chain)
+        return tokens, positions, page_table, slot_ids, chain
 
     def run_sampled(self, tokens: jax.Array, rows: list[Row]) -> jax.Array:
         """A decode step of `rows` (their `tokens` unused) fed by `tokens`, the ids a
@@ -209,10 +228,14 @@ class ModelRunner:
             if self.binding.hidden:
                 logits, _ = logits
                 logits = logits.reshape(-1, logits.shape[-1]) if verify else logits
-            if t == 1 and self.overlaps:
+            if (t == 1 or verify) and self.overlaps:  # steps fed by ids still on device
                 with self.compiles.watch():
-                    zeros = jnp.zeros((b,), jnp.int32, device=self.binding.sampler_device)
-                    jax.block_until_ready(_column(zeros))
+                    zeros = jnp.zeros((b, t), jnp.int32, device=self.binding.sampler_device)
+                    if t == 1:
+                        jax.block_until_ready(_column(zeros[:, 0]))
+                    else:
+                        rows = np.zeros(b, np.int32)
+                        jax.block_until_ready(fed_tokens(zeros, zeros[:, 1:], rows, rows))
             # Sampling runs on process 0 only.
             if (t == 1 or verify or b == 1) and multihost.current().leader:
                 allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
@@ -272,11 +295,6 @@ class ModelRunner:
             page_table[i, : len(r.pages)] = r.pages
             slot_ids[i] = r.slot
         return tokens, positions, page_table, slot_ids
-
-    def _run(
-        self, tokens: np.ndarray, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
-    ) -> jax.Array:
-        return self.binding.run(tokens, positions, table, slots)
 
 
 _column = jax.jit(lambda tokens: tokens[:, None])  # a sampler's [B] ids as a step's [B, 1]

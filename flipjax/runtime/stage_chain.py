@@ -128,18 +128,28 @@ class StageChain:
             return _concat(outs)
 
     def run_sampled(
-        self, tokens: jax.Array, positions: np.ndarray, table: np.ndarray, slots: np.ndarray
-    ) -> jax.Array:
-        """A decode step fed by `tokens` [B, 1], ids a sampler drew, still on device, so the
-        host need not wait for them before it dispatches this step; one stage only (a pipeline
-        cuts its steps on the host). Returns logits [B, vocab] on the sampler's device."""
+        self,
+        tokens: jax.Array,
+        positions: np.ndarray,
+        table: np.ndarray,
+        slots: np.ndarray,
+        chain: np.ndarray | None = None,
+    ) -> Any:
+        """A step fed by `tokens` [B, T] still on device (a sampler's ids, or a verify step's
+        with the head's drafts), so the host need not wait for them before it dispatches this
+        step; one stage only (a pipeline cuts its steps on the host). Returns logits [B, vocab]
+        on the sampler's device; with `chain`, a verify step's result as `run` returns it."""
         if len(self.stages) != 1:
             raise ValueError(f"run_sampled: one stage only, this placement has {len(self.stages)}")
-        programs, where = self._stage_programs(0, tokens.shape), self._inputs[0]
+        verify = chain is not None
+        programs, where = self._stage_programs(0, tokens.shape, verify=verify), self._inputs[0]
         # Where the sampler's device is the stage's, the ids are already in place.
         x = tokens if tokens.sharding.is_equivalent_to(where, 2) else jax.device_put(tokens, where)
-        logits = self._stage(0, programs, x, *program_inputs((positions, table, slots), where))
-        logits = logits[0] if self.hidden else logits  # no head drafts from a step run ahead
+        host = (positions, table, slots) + ((chain,) if verify else ())
+        out = self._stage(0, programs, x, *program_inputs(host, where), verify=verify)
+        if verify:
+            return jax.tree.map(lambda a: to_leader(a, self.sampler_device), out)
+        logits = out[0] if self.hidden else out  # no head drafts from a step run ahead
         return to_leader(logits, self.sampler_device)
 
     def _stage(

@@ -273,14 +273,15 @@ def test_drafts_made_after_a_verify_step_on_the_device_are_the_host_path_s(engin
     rng = np.random.default_rng(0)
     hidden = jax.device_put(rng.standard_normal((2, 4, 256)).astype(np.float32), drafter.device)
     sampled = np.array([[7, 8, 9, 10], [11, 12, 13, 14]], np.int32)
-    drafts = np.array([[7, 8, 5], [11, 12, 13]], np.int32)  # row 0 agrees twice; row 1, three
+    # The step's pending tokens, then its drafts: row 0's agree twice; row 1's, three times.
+    tokens = np.array([[1, 7, 8, 5], [2, 11, 12, 13]], np.int32)
     allowed = np.array([3, 1], np.int32)  # of which row 1 may check only its first
     starts = np.array([10, 20], np.int32)
     table = np.zeros((2, runner.table_width), np.int32)
     table[0, :2], table[1, :2] = [3, 4], [5, 6]
     before = jax.device_get(drafter.kv)
     new, taken = drafter.draft_verified(
-        hidden, jax.device_put(sampled.reshape(-1), drafter.device), drafts, starts, allowed, table
+        hidden, jax.device_put(sampled.reshape(-1), drafter.device), tokens, starts, allowed, table
     )
     new, taken, after = jax.device_get((new, taken, drafter.kv))
     assert taken.tolist() == [3, 2]
