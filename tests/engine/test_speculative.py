@@ -261,33 +261,3 @@ def test_a_warmed_up_engine_compiles_nothing_as_it_speculates():
     spec.generate(PROMPTS[:2], max_new_tokens=12)
     spec.generate(PROMPTS[:1], max_new_tokens=12)
     assert spec.stats().compiles == warm
-
-
-def test_drafts_made_after_a_verify_step_on_the_device_are_the_host_path_s(engines):
-    """`Drafter.draft_verified` finds each row's accepted positions from the sampled tokens on
-    the device; its drafts, the tokens it counts and the head's K/V it writes are those of
-    `Drafter.draft` given the positions the host's commit would find."""
-    _, spec = engines
-    drafter = parts(spec).stepper.speculation.drafter
-    runner = parts(spec).runner
-    rng = np.random.default_rng(0)
-    hidden = jax.device_put(rng.standard_normal((2, 4, 256)).astype(np.float32), drafter.device)
-    sampled = np.array([[7, 8, 9, 10], [11, 12, 13, 14]], np.int32)
-    # The step's pending tokens, then its drafts: row 0's agree twice; row 1's, three times.
-    tokens = np.array([[1, 7, 8, 5], [2, 11, 12, 13]], np.int32)
-    allowed = np.array([3, 1], np.int32)  # of which row 1 may check only its first
-    starts = np.array([10, 20], np.int32)
-    table = np.zeros((2, runner.table_width), np.int32)
-    table[0, :2], table[1, :2] = [3, 4], [5, 6]
-    before = jax.device_get(drafter.kv)
-    new, taken = drafter.draft_verified(
-        hidden, jax.device_put(sampled.reshape(-1), drafter.device), tokens, starts, allowed, table
-    )
-    new, taken, after = jax.device_get((new, taken, drafter.kv))
-    assert taken.tolist() == [3, 2]
-    drafter.kv = jax.device_put(before, drafter.device)
-    positions = np.array([[10, 11, 12, -1], [20, 21, -1, -1]], np.int32)
-    want = drafter.draft(hidden, sampled, positions, table)
-    np.testing.assert_array_equal(new, want)
-    for got, expected in zip(jax.tree.leaves(after), jax.tree.leaves(drafter.kv), strict=True):
-        np.testing.assert_array_equal(got, np.asarray(expected))
