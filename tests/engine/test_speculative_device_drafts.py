@@ -10,6 +10,7 @@ import pytest
 
 from flipjax import Engine, SamplingParams
 from tests.support.internals import parts
+from tests.support.pool_checks import assert_pools_returned
 from tests.support.speculation import PROMPTS, speculative
 
 
@@ -29,6 +30,18 @@ def test_a_steady_batch_s_verify_steps_take_the_drafts_on_the_device(spec):
         assert [len(o.token_ids) for o in out] == lengths
         steps = speculation.policy.counters["speculated"] - steps
         assert speculation.counters["fed"] - fed == steps - len(lengths)
+
+
+def test_requests_retracted_while_their_drafts_are_on_the_device_lose_no_token(spec):
+    """A pool too small for the batch retracts requests between verify steps; they resume
+    (recomputed, drafting again from their prompt) with the tokens of the roomy run."""
+    sampling = SamplingParams.greedy().replace(max_tokens=40)
+    roomy = [o.token_ids for o in spec.generate(PROMPTS, sampling=sampling)]
+    tight = speculative(3, num_pages=14, prefix_cache=False)
+    assert [o.token_ids for o in tight.generate(PROMPTS, sampling=sampling)] == roomy
+    assert tight.stats().scheduling.get("retracted", 0) > 0
+    assert parts(tight).stepper.speculation.counters["fed"] > 0
+    assert_pools_returned(tight)
 
 
 def test_drafts_made_after_a_verify_step_on_the_device_are_the_host_path_s(spec):
