@@ -104,10 +104,7 @@ class Speculation:
             )
             self.counters["fed"] += 1
         else:
-            logits, hidden = self.runner.verify(rows, chains)
-            tokens = np.zeros(hidden.shape[:2], np.int32)
-            for i, r in enumerate(rows):
-                tokens[i, : len(r.tokens)] = r.tokens
+            tokens, (logits, hidden) = self.runner.verify(rows, chains)
         width = self.num_steps + 1
         sampler_rows: list[SamplerRow | None] = []
         for s, r, k in zip(seqs, rows, allowed, strict=True):

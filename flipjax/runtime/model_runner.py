@@ -149,12 +149,12 @@ class ModelRunner:
         return self.binding.run(tokens, positions, page_table, slot_ids, targets, score)
 
     @mirrored
-    def verify(self, rows: list[Row], chains: list[list[int]]) -> Any:
+    def verify(self, rows: list[Row], chains: list[list[int]]) -> tuple[np.ndarray, Any]:
         """A speculative verify step of each row's pending token and drafts (`tokens`), the GDN
-        state after token i kept in slot `chains[r][i]`: (logits [B_bucket, K + 1, vocab],
-        the hidden states there)."""
+        state after token i kept in slot `chains[r][i]`: (the step's tokens [B_bucket, K + 1],
+        (logits [B_bucket, K + 1, vocab], the hidden states there))."""
         tokens, positions, page_table, slot_ids, chain = self._verify_inputs(rows, chains)
-        return self.binding.run(tokens, positions, page_table, slot_ids, chain=chain)
+        return tokens, self.binding.run(tokens, positions, page_table, slot_ids, chain=chain)
 
     def verify_fed(
         self, rows: list[Row], chains: list[list[int]], drafts: jax.Array, source: list[int]
