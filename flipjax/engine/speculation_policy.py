@@ -4,19 +4,13 @@ A verify step multiplies K + 1 positions per row and the head drafts K more, so 
 where a step is bound by reading the weights (a large model, a small batch) and not by
 arithmetic or per-call costs (a small model on a CPU, a large batch). Rather than guess, the
 policy measures: per batch-size bucket, a few steps each way (the tokens a step takes, on
-average, over the time a step usually takes: the median, as a stalled step is not the usual one,
-while a verify step's tokens vary from step to step but its time does not), then the faster way,
-with the other measured again after `REPROBE_EVERY` steps in case the load changed. Speculation
-must measure `SPECULATE_MARGIN` faster to be taken: over a few steps of a machine whose speed
-drifts, the measured ratio of the two rates spreads widely around the true one (on the shipped
-model, 19 measures at batch 1, where speculation is about 1.45x: 0.82-2.24; 17 at batch 8, where
-it is about 0.7x: 0.59-1.58), and more of the wrong measures fell just above parity where
-speculation loses than just below it where it wins (with the margin, 3 of those 17 would take
-speculation at batch 8 rather than 6, and 5 of the 19 leave it at batch 1 rather than 3; a wrong
-choice costs about a third either way). Each measure that confirms the choice doubles the wait
-before the next, up to `MAX_REPROBE_EVERY` (a measure costs a few of the slower way's steps); a
-change of choice sets it back. The first step after each switch is not counted (it may compile,
-and a request's drafts are empty after plain steps). The tokens are the same either way.
+average, over the time a step usually takes: the median, as a stalled step is not the usual
+one, while a verify step's tokens vary from step to step but its time does not), then the
+faster way, with the other measured again after `REPROBE_EVERY` steps in case the load
+changed. Each measure that confirms the choice doubles the wait before the next, up to
+`MAX_REPROBE_EVERY` (a measure costs a few of the slower way's steps); a change of choice sets
+it back. The first step after each switch is not counted (it may compile, and a request's
+drafts are empty after plain steps). The tokens are the same either way.
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ from flipjax.runtime.buckets import pow2_bucket
 PROBE_STEPS = 6  # steps of a way measured before it is judged
 REPROBE_EVERY = 192  # steps of the chosen way before the other is measured again
 MAX_REPROBE_EVERY = 8 * REPROBE_EVERY  # the wait once many measures confirmed the choice
-SPECULATE_MARGIN = 1.1  # how much faster speculation must measure to be chosen
 
 
 @dataclass
@@ -88,7 +81,7 @@ class SpeculationPolicy:
         if bucket.probing:
             bucket.probing -= 1
             return bucket.probe_way
-        best = bucket.rate(True) >= SPECULATE_MARGIN * bucket.rate(False)
+        best = bucket.rate(True) >= bucket.rate(False)
         if best != bucket.choice:  # by a measure, or as the chosen way's own steps slowed
             bucket.reprobe_every, bucket.since_probe = REPROBE_EVERY, 0
         elif bucket.measured:  # confirmed
