@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
 from flipjax.runtime import multihost
 
@@ -128,6 +128,15 @@ def program_inputs(host: Any, sharding: Sharding) -> Any:
     hundred microseconds of Python that the device's threads want on a small machine. In a
     cluster, `from_host`'s."""
     return from_host(host, sharding) if multihost.current().multi else host
+
+
+def on_device(x: jax.Array | np.ndarray, device: jax.Device) -> jax.Array:
+    """`x` committed to `device` alone, as `jax.device_put(x, device)` places it (a program
+    compiled for that placement takes it without compiling again), without the few tens of
+    microseconds of host time such a put costs where `x` is there already."""
+    if isinstance(x, jax.Array) and x.sharding == SingleDeviceSharding(device):
+        return x
+    return jax.device_put(x, device)
 
 
 def to_leader(x: jax.Array, device: jax.Device) -> jax.Array:

@@ -29,6 +29,7 @@ from flipjax.model.mtp import Qwen3NextMTP
 from flipjax.model.state_shapes import state_shapes
 from flipjax.runtime.cache import KVPages
 from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.crosshost import on_device
 from flipjax.runtime.paged import PagedKV
 from flipjax.runtime.stages import ModelParts
 from kernels_pallas import dispatch, head_parallel
@@ -75,7 +76,10 @@ class Drafter:
         if parts.head is not None:
             shared["head"] = params["lm_head"]
         self._graphdefs = (graphdef, parts)
-        self._params = jax.device_put({"mtp": head_params, **shared}, self.device)
+        # Flat, as the binding keeps a stage's: a call flattens its arguments, and flattening
+        # the head's module state costs more host time than the rest of a call.
+        placed = jax.device_put({"mtp": head_params, **shared}, self.device)
+        self._params, self._tree = jax.tree.flatten(placed)
         self._kv_shape = (page_size, *state_shapes(cfg).kv_token)
         self._dtype = head.fc.kernel[...].dtype
         self.bytes = drafter_bytes(cfg, head, params, page_size)  # weights, one KV page
@@ -89,7 +93,7 @@ class Drafter:
 
     def held(self) -> tuple[Any, KVPages]:
         """The arrays it holds (on `device`): its weights and its KV pages."""
-        return self._params, self.kv
+        return tuple(self._params), self.kv
 
     def fit(self, num_pages: int) -> None:
         """Pages for a pool of `num_pages` (a flip resized the model's: the page ids were
@@ -149,12 +153,15 @@ class Drafter:
         if (b, t) not in self._verified:
             self._verified[(b, t)] = jax.jit(self._accepting(self._body()), donate_argnums=(1,))
         with self.compiles.watch():
-            tokens = jnp.asarray(tokens, jnp.int32)
-            on_device = jax.device_put((hidden, sampled, tokens), self.device)  # as warmed up
+            if isinstance(tokens, np.ndarray):
+                tokens = tokens.astype(np.int32)
+            # Placed as warmed up; a `device_put` of what is already there costs the host
+            # more than the rest of the call.
+            placed = [on_device(x, self.device) for x in (hidden, sampled, tokens)]
             new, taken, self.kv = self._verified[(b, t)](
                 self._params,
                 self.kv,
-                *on_device,
+                *placed,
                 *(a.astype(np.int32) for a in (starts, allowed, table)),
             )
         return new, taken
@@ -188,9 +195,10 @@ class Drafter:
         """The drafting computation: (params, kv, hidden, next_tokens, positions, table) ->
         (drafts, the head's KV pages)."""
         graphdef, parts = self._graphdefs
-        steps, kernels, mesh = self.num_steps, self.kernels, self.mesh
+        steps, kernels, mesh, tree = self.num_steps, self.kernels, self.mesh, self._tree
 
-        def run(params, kv, hidden, next_tokens, positions, table):  # noqa: ANN001, ANN202
+        def run(leaves, kv, hidden, next_tokens, positions, table):  # noqa: ANN001, ANN202
+            params = jax.tree.unflatten(tree, leaves)
             head = nnx.merge(graphdef, params["mtp"])
             embed = nnx.merge(parts.embed, params["embed"])
 

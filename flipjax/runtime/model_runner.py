@@ -28,6 +28,7 @@ from flipjax.runtime.binding import Binding
 from flipjax.runtime.buckets import pages_for, pow2_bucket, pow2_range, prefill_bucket
 from flipjax.runtime.cache import CacheState
 from flipjax.runtime.compile_counter import CompileCounter
+from flipjax.runtime.crosshost import on_device
 from flipjax.runtime.draft_feed import fed_tokens
 from flipjax.runtime.host_image import HostImage
 from flipjax.runtime.host_pages import HostPages
@@ -109,8 +110,7 @@ class ModelRunner:
 
     @property
     def shapes(self) -> list[tuple[int, int]]:
-        """Every step shape serving uses: the decode, the verify (speculating) and the prefill
-        buckets."""
+        """Every step shape serving uses: the decode, verify (speculating) and prefill buckets."""
         decode = [(b, 1) for b in self.decode_buckets]
         if self.decode_tokens > 1:
             decode += [(b, self.decode_tokens) for b in self.decode_buckets]
@@ -150,9 +150,8 @@ class ModelRunner:
 
     @mirrored
     def verify(self, rows: list[Row], chains: list[list[int]]) -> tuple[np.ndarray, Any]:
-        """A speculative verify step of each row's pending token and drafts (`tokens`), the GDN
-        state after token i kept in slot `chains[r][i]`: (the step's tokens [B_bucket, K + 1],
-        (logits [B_bucket, K + 1, vocab], the hidden states there))."""
+        """A verify step of each row's pending token and drafts, the GDN state after token i
+        kept in slot `chains[r][i]`: (tokens [B_bucket, K + 1], (logits, hidden states))."""
         tokens, positions, page_table, slot_ids, chain = self._verify_inputs(rows, chains)
         return tokens, self.binding.run(tokens, positions, page_table, slot_ids, chain=chain)
 
@@ -168,7 +167,7 @@ class ModelRunner:
         counts = np.array([len(r.tokens) - 1 for r in rows] + [0] * (b - len(rows)), np.int32)
         rows_of = np.array([*source, *[-1] * (b - len(source))], np.int32)
         with self.compiles.watch():
-            drafts = jax.device_put(drafts, self.binding.sampler_device)
+            drafts = on_device(drafts, self.binding.sampler_device)
             fed = fed_tokens(tokens, drafts, rows_of, counts)
         return fed, self.binding.run_sampled(fed, positions, page_table, slot_ids, chain)
 
@@ -234,8 +233,9 @@ class ModelRunner:
                     if t == 1:
                         jax.block_until_ready(_column(zeros[:, 0]))
                     else:
-                        rows = np.zeros(b, np.int32)
-                        jax.block_until_ready(fed_tokens(zeros, zeros[:, 1:], rows, rows))
+                        rows = np.zeros(b, np.int32)  # the step's tokens from the host:
+                        fed = fed_tokens(np.asarray(zeros), zeros[:, 1:], rows, rows)  # as run
+                        jax.block_until_ready(fed)
             # Sampling runs on process 0 only.
             if (t == 1 or verify or b == 1) and multihost.current().leader:
                 allowed = np.full(bitmask_words(logits.shape[1]), -1, np.int32)
