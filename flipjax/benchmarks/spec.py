@@ -9,11 +9,14 @@ tests, as `python -m flipjax.train.report` picks them), continued greedily.
   (drafts kept + the model's own), its mean and histogram, and per draft position the share
   of drafts the model agreed with, over `--prompts` prompts and `--tokens` tokens each.
 - Decode tok/s at each batch size, speculation off, on in every step (K = `--speed-steps`),
-  and adaptive (the default: each batch size takes the way measured faster here), each timed
-  as `bench engine` times it (n tokens' time less one token's, the best of `--repeats`), the
-  three interleaved. The accept lengths'
+  the same with the head in the model's dtype, and adaptive (the default: each batch size
+  takes the way measured faster here), each timed as `bench engine` times it (n tokens' time
+  less one token's, the best of `--repeats`), the four interleaved. The accept lengths'
   tokens are compared with decoding without drafts, and a difference is reported, never
   averaged away.
+
+The head drafts with `--draft-quantization` weights (`--speculative-draft-model-quantization`;
+default int8: its drafts only propose) everywhere but the column that says otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import functools
 from typing import Any
 
 from flipjax.benchmarks.run_timing import timed
+from flipjax.config.speculative import DRAFT_QUANTIZATIONS
 from flipjax.train import corpus
 from flipjax.train.report import held_out_signatures
 
@@ -38,9 +42,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--draft-quantization", default="int8", choices=DRAFT_QUANTIZATIONS)
     args = p.parse_args(argv)
     prompts = [s.text for s in held_out_signatures(corpus.load().held_out, args.prompts)]
-    print(f"model {args.model} ({args.dtype}), {len(prompts)} held-out function headers")
+    print(
+        f"model {args.model} ({args.dtype}), {len(prompts)} held-out function headers, draft "
+        f"head {args.draft_quantization}"
+    )
     plain = _engine(args, 0, len(prompts))
     want = [o.token_ids for o in plain.generate(prompts, max_new_tokens=args.tokens)]
     del plain
@@ -55,13 +63,22 @@ def main(argv: list[str] | None = None) -> None:
         same = "same tokens" if ids == want else "TOKENS DIFFER from decoding without drafts"
         print(f"{k}  {s.mean_accept_length:.2f}  {dict(s.accept_lengths)}  {rates}  ({same})")
     k = args.speed_steps
-    print(f"\ndecode tok/s, speculation K = {k}: off, on in every step, adaptive")
-    print("batch  off  on (ratio)  adaptive (ratio, steps without drafts)  prefill tok/s off, on")
+    print(f"\ndecode tok/s, speculation K = {k}")
+    print(
+        "batch  off  on (ratio)  on, head unquantized (ratio)  adaptive (ratio, steps without "
+        "drafts)  prefill tok/s off, on"
+    )
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         rows = (prompts * batch)[:batch]
+        float_head = argparse.Namespace(**{**vars(args), "draft_quantization": "unquant"})
         ways = {
-            way: _engine(args, steps, batch, adaptive, warm=True)
-            for way, steps, adaptive in (("off", 0, False), ("on", k, False), ("adaptive", k, True))
+            way: _engine(a, steps, batch, adaptive, warm=True)
+            for way, a, steps, adaptive in (
+                ("off", args, 0, False),
+                ("on", args, k, False),
+                ("unquant", float_head, k, False),
+                ("adaptive", args, k, True),
+            )
         }
         # Interleaved, best of `--repeats` each: this machine's speed drifts within a minute.
         best: dict[str, list[float]] = {way: [float("inf")] * 2 for way in ways}
@@ -77,10 +94,11 @@ def main(argv: list[str] | None = None) -> None:
         plain = s.plain_steps / max(s.plain_steps + s.verify_rows // batch, 1)
         prompt_len = sum(len(ways["off"].info.tokenizer.encode(r)) for r in rows) / batch
         prefill = {w: batch * prompt_len / t[0] for w, t in best.items()}
-        off, on, auto = rate["off"], rate["on"], rate["adaptive"]
+        off, on, auto, unquant = (rate[w] for w in ("off", "on", "adaptive", "unquant"))
         print(
-            f"{batch}  {off:.1f}  {on:.1f} ({on / off:.2f}x)  {auto:.1f} ({auto / off:.2f}x, "
-            f"{plain:.0%})  {prefill['off']:.0f}, {prefill['on']:.0f}"
+            f"{batch}  {off:.1f}  {on:.1f} ({on / off:.2f}x)  {unquant:.1f} "
+            f"({unquant / off:.2f}x)  {auto:.1f} ({auto / off:.2f}x, {plain:.0%})  "
+            f"{prefill['off']:.0f}, {prefill['on']:.0f}"
         )
 
 
@@ -99,6 +117,7 @@ def _engine(
             speculative_algorithm="MTP",
             speculative_num_steps=steps,
             speculative_adaptive=adaptive,
+            speculative_draft_model_quantization=args.draft_quantization,
         )
     engine = Engine.from_pretrained(
         args.model,

@@ -3,6 +3,8 @@
 `--speculative-algorithm MTP --speculative-num-steps K` (sglang) and `--speculative-config
 '{"method": "mtp", "num_speculative_tokens": K}'` (vLLM) both settle into `algorithm` and
 `num_steps`; asking for both ways at once with different answers is refused, naming both.
+The draft head's weights follow the model's quantization unless
+`--speculative-draft-model-quantization` (sglang; vLLM's `"quantization"`) says otherwise.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import json
 from dataclasses import dataclass
 
 from flipjax.config.option import option
+from flipjax.model.config import QUANTIZATIONS
 
 ALGORITHMS = ("MTP",)
 MAX_NUM_STEPS = 4  # the head is applied K times; drafts past four rarely survive
 DEFAULT_NUM_STEPS = 3
 _VLLM_METHODS = {"mtp": "MTP", "qwen3_next_mtp": "MTP"}
-_VLLM_KEYS = {"method", "num_speculative_tokens"}
+_VLLM_KEYS = {"method", "num_speculative_tokens", "quantization"}
+UNQUANTIZED = "unquant"  # sglang's word for a draft in the model's dtype under a quantized model
+DRAFT_QUANTIZATIONS = (*QUANTIZATIONS, UNQUANTIZED)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,13 @@ class SpeculativeConfig:
         flag="--disable-speculative-adaptive",
         negate=True,
     )
+    speculative_draft_model_quantization: str | None = option(
+        None,
+        "the draft head's weights: int8 (weight-only, its lm head too) or unquant (the "
+        "model's dtype); default: as the model is quantized. Drafts only propose, so this "
+        "changes speed and acceptance, never a token",
+        choices=DRAFT_QUANTIZATIONS,
+    )
     speculative_config: str | None = option(
         None,
         'vLLM\'s form: \'{"method": "mtp", "num_speculative_tokens": K}\'',
@@ -48,17 +60,28 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         algorithm, steps = self.speculative_algorithm, self.speculative_num_steps
+        quantization = self.speculative_draft_model_quantization
         if self.speculative_config is not None:
-            method, tokens = _parse_vllm(self.speculative_config)
+            method, tokens, theirs_q = _parse_vllm(self.speculative_config)
             for name, mine, theirs in (
                 ("speculative_algorithm", algorithm, method),
                 ("speculative_num_steps", steps, tokens),
+                ("speculative_draft_model_quantization", quantization, theirs_q),
             ):
-                if mine is not None and mine != theirs:
+                if mine is not None and theirs is not None and mine != theirs:
                     raise ValueError(
                         f"{name}: {mine!r} disagrees with speculative_config's {theirs!r}"
                     )
-            algorithm, steps = method, tokens
+            algorithm, steps, quantization = method, tokens, quantization or theirs_q
+        if quantization is not None and quantization not in DRAFT_QUANTIZATIONS:
+            raise ValueError(
+                f"speculative_draft_model_quantization: {quantization!r} is not supported; "
+                f"use one of {DRAFT_QUANTIZATIONS}"
+            )
+        if algorithm is None and quantization is not None:
+            raise ValueError(
+                "speculative_draft_model_quantization: given without speculative_algorithm"
+            )
         if algorithm is not None and algorithm.upper() not in ALGORITHMS:
             raise ValueError(
                 f"speculative_algorithm: {algorithm!r} is not supported; use one of {ALGORITHMS}"
@@ -76,15 +99,24 @@ class SpeculativeConfig:
                 )
         object.__setattr__(self, "speculative_algorithm", algorithm)
         object.__setattr__(self, "speculative_num_steps", steps)
+        object.__setattr__(self, "speculative_draft_model_quantization", quantization)
 
     @property
     def draft_tokens(self) -> int:
         """Drafts a verify step checks per row (K); 0 without speculation."""
         return self.speculative_num_steps or 0
 
+    def draft_quantization(self, model_quantization: str | None) -> str | None:
+        """How the draft head's weights are quantized under a model quantized by
+        `model_quantization` (None: in the model's dtype)."""
+        chosen = self.speculative_draft_model_quantization
+        if chosen is None:
+            return model_quantization
+        return None if chosen == UNQUANTIZED else chosen
 
-def _parse_vllm(text: str) -> tuple[str, int]:
-    """vLLM's `--speculative-config` -> (algorithm, drafts per step)."""
+
+def _parse_vllm(text: str) -> tuple[str, int, str | None]:
+    """vLLM's `--speculative-config` -> (algorithm, drafts per step, draft quantization)."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -105,4 +137,10 @@ def _parse_vllm(text: str) -> tuple[str, int]:
         raise ValueError(
             f"speculative_config: num_speculative_tokens must be an integer, got {tokens!r}"
         )
-    return _VLLM_METHODS[method], tokens
+    quantization = raw.get("quantization")
+    if quantization is not None and quantization not in DRAFT_QUANTIZATIONS:
+        raise ValueError(
+            f"speculative_config: quantization {quantization!r} is not supported; use one of "
+            f"{DRAFT_QUANTIZATIONS}"
+        )
+    return _VLLM_METHODS[method], tokens, quantization

@@ -36,7 +36,7 @@ from flipjax.engine.step import Stepper
 from flipjax.model.config import ModelConfig
 from flipjax.model.dtypes import parse_dtype
 from flipjax.model.mtp import Qwen3NextMTP
-from flipjax.model.quantize import quantize_model
+from flipjax.model.quantize import quantize_draft_head, quantize_model
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.tokenizer import Tokenizer
 from flipjax.runtime import multihost
@@ -90,8 +90,11 @@ def assemble(
 ) -> Parts:
     cfg, dtype = model.cfg, parse_dtype(config.model.dtype)
     model, draft_head = split_draft_head(model, draft_head, config.speculative.draft_tokens)
+    drafts_by = config.speculative.draft_quantization(config.model.quantization)
+    if draft_head is not None:
+        draft_head = quantize_draft_head(draft_head, drafts_by)
     graphdef, params = nnx.split(quantize_model(model, config.model.quantization))
-    beside = drafter_footprint(cfg, draft_head, params, config.engine.page_size)
+    beside = drafter_footprint(cfg, draft_head, params, config.engine.page_size, drafts_by)
     config, placement, budgets, sizes, sizer = _sized(config, cfg, dtype, graphdef, params, beside)
     ec, cc, lc = config.engine, config.cache, config.layout
     interval = cc.gdn_interval(ec.page_size, prefix_store)
@@ -141,6 +144,7 @@ def assemble(
             ec.page_size,
             runner.kernels,
             runner.compiles,
+            drafts_by,
         )
         policy = SpeculationPolicy(config.speculative.speculative_adaptive)
         speculation = Speculation(runner, drafter, allocator, max_len, policy, interval)

@@ -18,12 +18,18 @@ from sharding.pool_sizing import Footprint
 
 
 def drafter_footprint(
-    cfg: ModelConfig, head: Qwen3NextMTP | None, params: nnx.State, page_size: int
+    cfg: ModelConfig,
+    head: Qwen3NextMTP | None,
+    params: nnx.State,
+    page_size: int,
+    quantization: str | None = None,
 ) -> Footprint | None:
-    """What a drafter of `head` will hold, before it is built (None: no drafter)."""
+    """What a drafter of `head` (its lm head `quantization`'s) will hold, before it is built
+    (None: no drafter)."""
     if head is None:
         return None
-    return _footprint(jax.devices()[0].id, *drafter_bytes(cfg, head, params, page_size))
+    held = drafter_bytes(cfg, head, params, page_size, quantization)
+    return _footprint(jax.devices()[0].id, *held)
 
 
 def drafter_ledger(drafter: Drafter) -> tuple[Counter[int], Footprint]:

@@ -54,8 +54,9 @@ def load(
     """The model, its tokenizer and its name. An orbax folder restores into `layout`'s
     shardings (a layout the model cannot take is refused before anything is read). A HF
     folder's weights are quantized by `quantization` as they are read (the others, by
-    `quantize.quantize_model` at assembly). `draft_head`: also its MTP head (in `dtype`,
-    never quantized: it only proposes), refused by name where the checkpoint has none."""
+    `quantize.quantize_model` at assembly). `draft_head`: also its MTP head (in `dtype`:
+    assembly quantizes it as the speculative config says), refused by name where the
+    checkpoint has none."""
     dtype = parse_dtype(dtype)
     if draft_head and (path == TINY_NAME or is_orbax(resolve(path))):
         raise ValueError(

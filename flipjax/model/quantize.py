@@ -20,6 +20,7 @@ percent of a layer's weights. What is not, and why:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 import jax
 import numpy as np
@@ -28,10 +29,12 @@ from flax import nnx
 from flipjax.model.config import check_quantization
 from flipjax.model.layers import Linear
 from flipjax.model.mlp import Qwen3NextExperts
+from flipjax.model.mtp import Qwen3NextMTP
 from flipjax.model.qwen3_next import Qwen3NextForCausalLM
 from flipjax.model.scale_names import scale_name
 
 INT8_MAX = 127
+M = TypeVar("M", bound=nnx.Module)
 # The projections that are quantized, and what a TP layout splits of each: its output columns
 # ("out", column-parallel) or its input rows ("in", row-parallel, the partial products summed).
 SPLITS = {
@@ -98,6 +101,17 @@ def weight_quantizer(
 def quantize_model(model: Qwen3NextForCausalLM, method: str | None) -> Qwen3NextForCausalLM:
     """A model whose weights are `method`'s (None: `model` itself). `model` is left as it was:
     the result is a new module sharing the weights that are not quantized."""
+    return _quantized(model, method, SPLITS)
+
+
+def quantize_draft_head(head: Qwen3NextMTP, method: str | None) -> Qwen3NextMTP:
+    """The MTP head a speculating engine drafts with, its weights `method`'s: those
+    `quantize_model` quantizes in a layer, and its input projection `fc` too (None: `head`
+    itself). Its drafts only propose, so their rounding costs acceptance, never a token."""
+    return _quantized(head, method, {**SPLITS, "fc": "out"})
+
+
+def _quantized(model: M, method: str | None, splits: dict[str, str]) -> M:
     check_quantization(method)
     if method is None:
         return model
@@ -105,11 +119,11 @@ def quantize_model(model: Qwen3NextForCausalLM, method: str | None) -> Qwen3Next
     out = nnx.merge(*nnx.split(model))
     for path, module in nnx.iter_modules(out):
         name = str(path[-1]) if path else ""
-        if isinstance(module, Linear) and name in SPLITS and module.scale is None:
+        if isinstance(module, Linear) and name in splits and module.scale is None:
             q, scale = quantize_int8(module.kernel[...])
             module.kernel = nnx.Param(q)
             module.scale = nnx.Param(scale)
-            module.split = SPLITS[name]
+            module.split = splits[name]
         elif isinstance(module, Qwen3NextExperts):
             for proj in EXPERT_PROJECTIONS:
                 if getattr(module, f"{proj}_scale") is not None:

@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 
 from flipjax.model.config import ModelConfig
 from flipjax.model.mtp import Qwen3NextMTP
+from flipjax.model.quantize import quantize_int8
 from flipjax.model.state_shapes import state_shapes
 from flipjax.runtime.cache import KVPages
 from flipjax.runtime.compile_counter import CompileCounter
@@ -36,13 +37,21 @@ from kernels_pallas import dispatch, head_parallel
 
 
 def drafter_bytes(
-    cfg: ModelConfig, head: Qwen3NextMTP, params: nnx.State, page_size: int
+    cfg: ModelConfig,
+    head: Qwen3NextMTP,
+    params: nnx.State,
+    page_size: int,
+    quantization: str | None = None,
 ) -> tuple[int, int]:
     """What a drafter of `head` holds on its device besides the model: its weights (the head's
-    and its copies of the embedding and, untied, the lm head in `params`) and one KV page."""
-    copies = [params["model"]["embed_tokens"], params["lm_head"] if "lm_head" in params else {}]
+    and its copies of the embedding and the lm head in `params`: untied, or int8 under
+    `quantization`) and one KV page."""
+    embed = params["model"]["embed_tokens"]
+    copies = [embed, params["lm_head"] if "lm_head" in params and not quantization else {}]
     weights = sum(x.nbytes for x in jax.tree.leaves((nnx.state(head), copies)))
-    dtype = jnp.dtype(head.fc.kernel[...].dtype)
+    if quantization:  # int8 [hidden, vocab] and a float32 scale per token
+        weights += cfg.hidden_size * cfg.vocab_size + 4 * cfg.vocab_size
+    dtype = jnp.dtype(embed["weight"][...].dtype)
     return weights, 2 * page_size * math.prod(state_shapes(cfg).kv_token) * dtype.itemsize
 
 
@@ -58,9 +67,12 @@ class Drafter:
         page_size: int,
         kernels: str,
         compiles: CompileCounter,
+        quantization: str | None = None,
     ):
-        """`head`: the loaded MTP head; `parts` and `params`: the model's (the embedding and
-        head are copied from them); `num_steps`: drafts per row (K, checked by the config)."""
+        """`head`: the loaded MTP head, quantized as `quantization` says
+        (`quantize_draft_head`); `parts` and `params`: the model's (the embedding and lm head
+        are copied from them, the lm head int8 under `quantization`); `num_steps`: drafts per
+        row (K, checked by the config)."""
         if len(head.layers) != 1:
             raise ValueError(
                 f"speculative decoding: the MTP head has {len(head.layers)} layers; one is "
@@ -72,8 +84,14 @@ class Drafter:
         self.kernels = kernels
         self.compiles = compiles
         graphdef, head_params = nnx.split(head)
-        shared = {"embed": params["model"]["embed_tokens"]}
-        if parts.head is not None:
+        embed = params["model"]["embed_tokens"]
+        shared = {"embed": embed}
+        if quantization is not None:  # the largest weight a draft reads, K times a step
+            tied = parts.head is None
+            weight = embed["weight"][...].T if tied else params["lm_head"]["kernel"][...]
+            q, scale = quantize_int8(np.asarray(weight))
+            shared["lm_int8"] = {"q": q, "scale": scale}
+        elif parts.head is not None:
             shared["head"] = params["lm_head"]
         self._graphdefs = (graphdef, parts)
         # Flat, as the binding keeps a stage's: a call flattens its arguments, and flattening
@@ -81,8 +99,8 @@ class Drafter:
         placed = jax.device_put({"mtp": head_params, **shared}, self.device)
         self._params, self._tree = jax.tree.flatten(placed)
         self._kv_shape = (page_size, *state_shapes(cfg).kv_token)
-        self._dtype = head.fc.kernel[...].dtype
-        self.bytes = drafter_bytes(cfg, head, params, page_size)  # weights, one KV page
+        self._dtype = embed["weight"][...].dtype
+        self.bytes = drafter_bytes(cfg, head, params, page_size, quantization)  # weights, a page
         self.kv = self._zeros(num_pages)
         self._programs: dict[tuple[int, int], Any] = {}
         self._verified: dict[tuple[int, int], Any] = {}  # draft_verified's, by shape
@@ -93,7 +111,7 @@ class Drafter:
 
     def held(self) -> tuple[Any, KVPages]:
         """The arrays it holds (on `device`): its weights and its KV pages."""
-        return tuple(self._params), self.kv
+        return jax.tree.unflatten(self._tree, self._params), self.kv
 
     def fit(self, num_pages: int) -> None:
         """Pages for a pool of `num_pages` (a flip resized the model's: the page ids were
@@ -203,6 +221,9 @@ class Drafter:
             embed = nnx.merge(parts.embed, params["embed"])
 
             def logits(h: jax.Array) -> jax.Array:
+                if "lm_int8" in params:
+                    lm = params["lm_int8"]
+                    return dispatch.quantized_matmul(h, lm["q"], lm["scale"], split="out")
                 if parts.head is None:
                     return jnp.einsum("...h,vh->...v", h, params["embed"]["weight"][...])
                 return nnx.merge(parts.head, params["head"])(h)

@@ -8,6 +8,7 @@ these functions, so that the architecture test can hold everything else in the p
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -32,3 +33,12 @@ def prompt_logits(engine: Engine, token_ids: list[int]) -> np.ndarray:
     ids = p.requests.encode(token_ids)
     p.requests.check_length(len(ids))
     return p.reference(p.runner.binding, ids)
+
+
+def replace_draft_weight(engine: Engine, key: str, value: jax.Array) -> None:
+    """Swap the speculating engine's draft weight at `key` (a path as `jax.tree_util.keystr`
+    writes those of `Drafter.held`) for `value`, as a corrupted checkpoint would give it."""
+    drafter = engine._parts.stepper.speculation.drafter
+    tree = jax.tree.unflatten(drafter._tree, drafter._params)
+    keys = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+    drafter._params[keys.index(key)] = jax.device_put(value, drafter.device)
