@@ -6,11 +6,16 @@ from __future__ import annotations
 from collections import Counter
 
 from flipjax.engine.speculation_policy import (
+    FIRST_MEASURE,
     MAX_REPROBE_EVERY,
     PROBE_STEPS,
     REPROBE_EVERY,
     SpeculationPolicy,
 )
+
+# The first measure: each way in turns of PROBE_STEPS, the first step of each turn uncounted.
+TURNS = FIRST_MEASURE // PROBE_STEPS
+FIRST = 2 * TURNS * (PROBE_STEPS + 1)
 
 
 def _drive(policy: SpeculationPolicy, rates: dict[int, dict[bool, float]], steps: int) -> list:
@@ -28,23 +33,26 @@ def _drive(policy: SpeculationPolicy, rates: dict[int, dict[bool, float]], steps
 def test_each_batch_size_settles_on_its_faster_way_and_measures_the_other_again():
     policy = SpeculationPolicy()
     rates = {1: {True: 300.0, False: 100.0}, 8: {True: 500.0, False: 900.0}}
-    taken = _drive(policy, rates, 2 * PROBE_STEPS + 2 + REPROBE_EVERY + 3 * PROBE_STEPS)
+    taken = _drive(policy, rates, FIRST + REPROBE_EVERY + 3 * PROBE_STEPS)
     for rows, faster in ((1, True), (8, False)):
         ways = [way for r, way in taken if r == rows]
-        probe = 2 * PROBE_STEPS + 2  # each way measured, its first step after a switch uncounted
-        assert Counter(ways[:probe]) == {True: PROBE_STEPS + 1, False: PROBE_STEPS + 1}
+        probe = FIRST
+        turns = [True] * (PROBE_STEPS + 1) + [False] * (PROBE_STEPS + 1)
+        assert ways[:probe] == turns * TURNS
         settled = ways[probe : probe + REPROBE_EVERY]
         assert settled == [faster] * REPROBE_EVERY
         again = ways[probe + REPROBE_EVERY : probe + REPROBE_EVERY + PROBE_STEPS + 1]
         assert again == [not faster] * (PROBE_STEPS + 1)
         assert ways[probe + REPROBE_EVERY + PROBE_STEPS + 1] is faster
-    # Batch 1: to plain to measure it, back, and both ways again; batch 8 stays on plain after.
-    assert policy.counters["switches"] == 4 + 3
+    # Each turn of the first measure; then batch 1 back to speculating, to plain to measure
+    # it and back; batch 8 stays on plain, measures speculation and comes back.
+    first = 2 * TURNS - 1
+    assert policy.counters["switches"] == (first + 3) + (first + 2)
 
 
 def test_a_change_in_load_is_followed_at_the_next_measurement():
     policy = SpeculationPolicy()
-    _drive(policy, {1: {True: 300.0, False: 100.0}}, 2 * PROBE_STEPS + 2 + 5)
+    _drive(policy, {1: {True: 300.0, False: 100.0}}, FIRST + 5)
     assert policy.speculate(1) is True
     taken = _drive(policy, {1: {True: 50.0, False: 100.0}}, REPROBE_EVERY + 2 * PROBE_STEPS + 4)
     assert taken[-1] == (1, False)
@@ -65,7 +73,7 @@ def test_a_way_is_judged_by_its_tokens_per_step_over_its_usual_step_time():
     policy = SpeculationPolicy()
     kept = iter([1, 1, 1, 1, 4, 4] * 4)  # 2 tokens a verify step, each 10 ms: 200 a second
     stalls = iter([6e-3] * 5 + [40e-3] + [6e-3] * 20)  # 1 token a plain step: 167 a second
-    for _ in range(2 * PROBE_STEPS + 3):
+    for _ in range(FIRST + 1):
         if policy.speculate(1):
             policy.record(1, True, next(kept), 10e-3)
         else:
@@ -91,10 +99,37 @@ def test_a_measure_that_confirms_the_choice_doubles_the_wait_before_the_next():
     steps slow down) sets them back."""
     policy = SpeculationPolicy()
     steady = {1: {True: 300.0, False: 100.0}}
-    ways = [way for _, way in _drive(policy, steady, 2 * PROBE_STEPS + 2 + 5000)]
-    waits = _chosen_runs(ways[2 * PROBE_STEPS + 2 :], True)
+    ways = [way for _, way in _drive(policy, steady, FIRST + 5000)]
+    waits = _chosen_runs(ways[FIRST:], True)
     assert MAX_REPROBE_EVERY == 8 * REPROBE_EVERY
     assert waits[:5] == [REPROBE_EVERY * f for f in (1, 2, 4, 8, 8)]
     turned = {1: {True: 50.0, False: 100.0}}
     ways = [way for _, way in _drive(policy, turned, 2 * MAX_REPROBE_EVERY)]
     assert _chosen_runs(ways, False)[:3] == [REPROBE_EVERY * f for f in (1, 2, 4)]
+
+
+def test_one_lucky_measure_of_the_slower_way_does_not_turn_the_choice():
+    """Speculation twice as fast: a measure in which plain steps ran 2.5 times their usual
+    speed (a quiet spell on a busy machine) is judged with the plain steps measured before it,
+    and speculation stays chosen."""
+    policy = SpeculationPolicy()
+    usual = {1: {True: 200.0, False: 100.0}}
+    _drive(policy, usual, FIRST + 20)
+    lucky = {1: {True: 200.0, False: 250.0}}
+    taken = _drive(policy, lucky, REPROBE_EVERY + PROBE_STEPS + 4)
+    assert [way for _, way in taken[-3:]] == [True] * 3
+    assert Counter(way for _, way in taken)[False] == PROBE_STEPS + 1
+
+
+def test_ways_measured_at_different_row_counts_of_a_bucket_are_compared_per_row():
+    """A bucket's steps are padded to its size, so they cost the same for 5 rows as for 8.
+    Plain steps measured with 8 rows (8 tokens in 4 ms) against verify steps with 5 rows left
+    (3 tokens each, 15 in 8 ms): for those 5 rows speculation is the faster way (1875 tokens a
+    second against 1250), though its steps took fewer tokens a second than the 8-row ones."""
+    policy = SpeculationPolicy()
+    for _ in range(FIRST + 1):
+        if policy.speculate(8):
+            policy.record(5, True, 15, 8e-3)
+        else:
+            policy.record(8, False, 8, 4e-3)
+    assert policy.speculate(5) is True
