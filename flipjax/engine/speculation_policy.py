@@ -75,8 +75,10 @@ class SpeculationPolicy:
         switched = bucket.last is not None and bucket.last != speculated
         self.counters["switches"] += switched
         if bucket.last is not None and not switched and seconds > 0:
-            # Per row: a bucket's steps cost the same for any number of its rows (padded).
-            bucket.steps[speculated].append((tokens / rows, seconds))
+            # Per step, not per row: a batch that is not refilled is done when its slowest row
+            # is, so speculation's steps after the first rows end (fewer rows, the bucket's
+            # cost) count against it, as they cost it.
+            bucket.steps[speculated].append((tokens, seconds))
         bucket.last = speculated
 
     def _choose(self, rows: int) -> bool:

@@ -119,17 +119,3 @@ def test_one_lucky_measure_of_the_slower_way_does_not_turn_the_choice():
     taken = _drive(policy, lucky, REPROBE_EVERY + PROBE_STEPS + 4)
     assert [way for _, way in taken[-3:]] == [True] * 3
     assert Counter(way for _, way in taken)[False] == PROBE_STEPS + 1
-
-
-def test_ways_measured_at_different_row_counts_of_a_bucket_are_compared_per_row():
-    """A bucket's steps are padded to its size, so they cost the same for 5 rows as for 8.
-    Plain steps measured with 8 rows (8 tokens in 4 ms) against verify steps with 5 rows left
-    (3 tokens each, 15 in 8 ms): for those 5 rows speculation is the faster way (1875 tokens a
-    second against 1250), though its steps took fewer tokens a second than the 8-row ones."""
-    policy = SpeculationPolicy()
-    for _ in range(FIRST + 1):
-        if policy.speculate(8):
-            policy.record(5, True, 15, 8e-3)
-        else:
-            policy.record(8, False, 8, 4e-3)
-    assert policy.speculate(5) is True
