@@ -10,6 +10,7 @@ from flipjax.engine.speculation_policy import (
     MAX_REPROBE_EVERY,
     PROBE_STEPS,
     REPROBE_EVERY,
+    TAIL_MARGIN,
     SpeculationPolicy,
 )
 
@@ -119,3 +120,15 @@ def test_one_lucky_measure_of_the_slower_way_does_not_turn_the_choice():
     taken = _drive(policy, lucky, REPROBE_EVERY + PROBE_STEPS + 4)
     assert [way for _, way in taken[-3:]] == [True] * 3
     assert Counter(way for _, way in taken)[False] == PROBE_STEPS + 1
+
+
+def test_over_more_than_one_row_speculation_must_win_by_the_tail_margin():
+    """The rows of a batch that speculates end apart, and a batch that is not refilled pays for
+    its ragged end, which no step's measure shows: a step a tenth faster is not enough at 8
+    rows, while at 1 row (no rows to end apart) it is, and so is a margin's worth at 8."""
+    slightly = {True: 110.0, False: 100.0}
+    clearly = {True: 100.0 * (1 + TAIL_MARGIN) + 10.0, False: 100.0}
+    for rows, rates, speculates in ((8, slightly, False), (1, slightly, True), (8, clearly, True)):
+        policy = SpeculationPolicy()
+        taken = _drive(policy, {rows: rates}, FIRST + 50)
+        assert [way for _, way in taken[FIRST:]] == [speculates] * 50, (rows, rates)
