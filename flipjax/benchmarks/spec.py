@@ -8,12 +8,12 @@ tests, as `python -m flipjax.train.report` picks them), continued greedily.
 - Accept length for each K in `--num-steps`: the tokens a request takes per verify step
   (drafts kept + the model's own), its mean and histogram, and per draft position the share
   of drafts the model agreed with, over `--prompts` prompts and `--tokens` tokens each.
-- Decode tok/s at each batch size, speculation off, on in every step (K = `--speed-steps`),
-  the same with the head in the model's dtype, and adaptive (the default: each batch size
-  takes the way measured faster here), each timed as `bench engine` times it (n tokens' time
-  less one token's, the best of `--repeats`), the four interleaved. The accept lengths'
-  tokens are compared with decoding without drafts, and a difference is reported, never
-  averaged away.
+- Decode tok/s at each batch size and each K in `--speed-steps`: speculation off, on in every
+  step, the same with the head in the model's dtype, and adaptive (the default: each batch
+  size takes the way measured faster here), each timed as `bench engine` times it (n tokens'
+  time less one token's, the best of `--repeats`), all of a batch size's engines interleaved.
+  The accept lengths' tokens are compared with decoding without drafts, and a difference is
+  reported, never averaged away.
 
 The head drafts with `--draft-quantization` weights (`--speculative-draft-model-quantization`;
 default int8: its drafts only propose) everywhere but the column that says otherwise.
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="flipjax-py")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--num-steps", default="1,2,3,4")
-    p.add_argument("--speed-steps", type=int, default=3)
+    p.add_argument("--speed-steps", default="3,4")
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--tokens", type=int, default=128)
@@ -62,26 +62,25 @@ def main(argv: list[str] | None = None) -> None:
         )
         same = "same tokens" if ids == want else "TOKENS DIFFER from decoding without drafts"
         print(f"{k}  {s.mean_accept_length:.2f}  {dict(s.accept_lengths)}  {rates}  ({same})")
-    k = args.speed_steps
-    print(f"\ndecode tok/s, speculation K = {k}")
+    speeds = [int(x) for x in args.speed_steps.split(",")]
+    print(f"\ndecode tok/s, speculation K = {args.speed_steps}")
     print(
-        "batch  off  on (ratio)  on, head unquantized (ratio)  adaptive (ratio, steps without "
+        "batch  K  off  on (ratio)  on, head unquantized (ratio)  adaptive (ratio, steps without "
         "drafts)  prefill tok/s off, on"
     )
+    float_head = argparse.Namespace(**{**vars(args), "draft_quantization": "unquant"})
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         rows = (prompts * batch)[:batch]
-        float_head = argparse.Namespace(**{**vars(args), "draft_quantization": "unquant"})
-        ways = {
-            way: _engine(a, steps, batch, adaptive, warm=True)
-            for way, a, steps, adaptive in (
-                ("off", args, 0, False),
-                ("on", args, k, False),
-                ("unquant", float_head, k, False),
-                ("adaptive", args, k, True),
-            )
-        }
+        ways = {("off", 0): _engine(args, 0, batch, warm=True)}
+        for k in speeds:
+            for way, a, adaptive in (
+                ("on", args, False),
+                ("unquant", float_head, False),
+                ("adaptive", args, True),
+            ):
+                ways[(way, k)] = _engine(a, k, batch, adaptive, warm=True)
         # Interleaved, best of `--repeats` each: this machine's speed drifts within a minute.
-        best: dict[str, list[float]] = {way: [float("inf")] * 2 for way in ways}
+        best: dict[tuple[str, int], list[float]] = {way: [float("inf")] * 2 for way in ways}
         for engine in ways.values():
             _generate(engine, rows, args.decode_tokens + 1)  # compiles, and the policy measures
         for _ in range(args.repeats):
@@ -90,16 +89,18 @@ def main(argv: list[str] | None = None) -> None:
                     run = functools.partial(_generate, engine, rows, n)
                     best[way][i] = min(best[way][i], timed(run))
         rate = {w: batch * args.decode_tokens / (t[1] - t[0]) for w, t in best.items()}
-        s = ways["adaptive"].stats().speculative
-        plain = s.plain_steps / max(s.plain_steps + s.verify_rows // batch, 1)
-        prompt_len = sum(len(ways["off"].info.tokenizer.encode(r)) for r in rows) / batch
+        prompt_len = sum(len(ways["off", 0].info.tokenizer.encode(r)) for r in rows) / batch
         prefill = {w: batch * prompt_len / t[0] for w, t in best.items()}
-        off, on, auto, unquant = (rate[w] for w in ("off", "on", "adaptive", "unquant"))
-        print(
-            f"{batch}  {off:.1f}  {on:.1f} ({on / off:.2f}x)  {unquant:.1f} "
-            f"({unquant / off:.2f}x)  {auto:.1f} ({auto / off:.2f}x, {plain:.0%})  "
-            f"{prefill['off']:.0f}, {prefill['on']:.0f}"
-        )
+        off = rate["off", 0]
+        for k in speeds:
+            s = ways["adaptive", k].stats().speculative
+            plain = s.plain_steps / max(s.plain_steps + s.verify_rows // batch, 1)
+            on, auto, unquant = (rate[w, k] for w in ("on", "adaptive", "unquant"))
+            print(
+                f"{batch}  {k}  {off:.1f}  {on:.1f} ({on / off:.2f}x)  {unquant:.1f} "
+                f"({unquant / off:.2f}x)  {auto:.1f} ({auto / off:.2f}x, {plain:.0%})  "
+                f"{prefill['off', 0]:.0f}, {prefill['on', k]:.0f}"
+            )
 
 
 def _generate(engine: Any, rows: list[str], tokens: int) -> None:
