@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--decode-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--draft-quantization", default="int8", choices=DRAFT_QUANTIZATIONS)
     args = p.parse_args(argv)
     prompts = [s.text for s in held_out_signatures(corpus.load().held_out, args.prompts)]
