@@ -53,8 +53,10 @@ class _Bucket:
     measured: bool = False  # a measure of the other way just ended
 
     def rate(self, speculate: bool) -> float:
-        tokens, seconds = zip(*self.steps[speculate], strict=True)
-        return statistics.mean(tokens) / statistics.median(seconds)
+        # Asked every step: `statistics.mean`'s exact arithmetic cost 20 us a call here.
+        steps = self.steps[speculate]
+        tokens = sum(t for t, _ in steps) / len(steps)
+        return tokens / statistics.median(s for _, s in steps)
 
 
 class SpeculationPolicy:
