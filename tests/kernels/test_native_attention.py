@@ -24,12 +24,13 @@ PAGES, PAGE = 64, 16
 POSITIONS = [0, 15, 16, 150, -1]
 
 
-def case(dtype: jnp.dtype, kv_heads: int, group: int, dim: int, seed: int = 0):
+def case(dtype: jnp.dtype, kv_heads: int, group: int, dim: int, seed: int = 0, page: int = PAGE):
     rng = np.random.default_rng(seed)
-    rows, width = len(POSITIONS), 12
-    k, v = (jnp.asarray(rng.normal(size=(PAGES, PAGE, kv_heads, dim)), dtype) for _ in range(2))
+    rows, width = len(POSITIONS), -(-max(POSITIONS) // page) + 2
+    pages = max(PAGES, rows * width)
+    k, v = (jnp.asarray(rng.normal(size=(pages, page, kv_heads, dim)), dtype) for _ in range(2))
     q = jnp.asarray(rng.normal(size=(rows, 1, kv_heads * group, dim)), dtype)
-    table = jnp.asarray(rng.permutation(PAGES)[: rows * width].reshape(rows, width), jnp.int32)
+    table = jnp.asarray(rng.permutation(pages)[: rows * width].reshape(rows, width), jnp.int32)
     return q, k, v, table, jnp.asarray(POSITIONS, jnp.int32)[:, None]
 
 
@@ -53,6 +54,16 @@ def test_decode_is_the_reference_attention(dtype, kv_heads, group, dim):
         np.asarray(got[real], np.float32), np.asarray(want[real], np.float32), rtol=tol, atol=tol
     )
     assert not np.any(np.asarray(got[-1], np.float32)), "a padding row's output is zero"
+
+
+@pytest.mark.parametrize("page", [8, 24, 40])
+def test_pages_of_any_size_against_the_reference(page):
+    # The kernel takes scores a vector of positions at a time within a page: pages of half a
+    # vector, of one and a half (a block of a page's last few) and of several.
+    q, k, v, table, positions = case(jnp.float32, 2, 3, 64, page=page)
+    got = jax.jit(attention_native.decode)(q, k, v, table, positions)
+    want = paged_attention_reference(q, k, v, table, positions)
+    np.testing.assert_allclose(got[:-1], want[:-1], rtol=1e-5, atol=1e-5)
 
 
 def test_decode_reads_only_the_pages_a_row_holds():
