@@ -115,21 +115,24 @@ struct Scratch {
   std::vector<float> scaled, scores, row, keys, inverse;
 };
 
-// Positions 0..n-1 of row b's KV head kv in `pool`, page by page: f(j, x, scale) for each
-// position j with its d values x (a page holds its positions `stride` elements apart) and its
-// page's scale (8-bit pages; 1 for float ones, which have none, so it folds away). Found one
-// position at a time by dividing it by the page size, each read cost two integer divisions.
+// Positions 0..n-1 of row b's KV head kv in `pool`, page by page, in runs of at most `run`
+// positions of one page: f(j, x, m, scale) for each run's first position j, its values x (a
+// page holds its positions `stride` elements apart), its length m and its page's scale (8-bit
+// pages; 1 for float ones, which have none, so it folds away). Found one position at a time by
+// dividing it by the page size, each read had cost two integer divisions.
 template <typename T, typename F>
-void EachPosition(const Shape& s, const T* pool, const float* page_scales, const int32_t* table,
-                  int64_t b, int64_t kv, int64_t n, F f) {
-  const int64_t d = s.dim, stride = s.kv_heads * d;
+void EachRun(const Shape& s, const T* pool, const float* page_scales, const int32_t* table,
+             int64_t b, int64_t kv, int64_t n, int64_t run, F f) {
+  const int64_t stride = s.kv_heads * s.dim;
   for (int64_t j0 = 0; j0 < n; j0 += s.page_size) {
     const int64_t page = table[b * s.width + j0 / s.page_size];
     float scale = 1.0f;
     if constexpr (kEightBit<T>) scale = page_scales[page * s.kv_heads + kv];
-    const T* x = pool + (page * s.page_size * s.kv_heads + kv) * d;
+    const T* x = pool + (page * s.page_size * s.kv_heads + kv) * s.dim;
     const int64_t last = std::min(n, j0 + s.page_size);
-    for (int64_t j = j0; j < last; ++j, x += stride) f(j, x, scale);
+    for (int64_t j = j0; j < last; j += run, x += run * stride) {
+      f(j, x, std::min(run, last - j), scale);
+    }
   }
 }
 
@@ -166,7 +169,7 @@ void BlockValues(const Shape& s, const float* v, const int32_t* table, int64_t b
   for (int64_t g = 0; g < s.heads / s.kv_heads; ++g) {
     Block acc[kChunks] = {};
     const float* pg = p + g * n;
-    EachPosition(s, v, nullptr, table, b, kv, n, [&](int64_t j, const float* x, float) {
+    EachRun(s, v, nullptr, table, b, kv, n, 1, [&](int64_t j, const float* x, int64_t, float) {
       for (int c = 0; c < kChunks; ++c) acc[c] += pg[j] * LoadBlock(x + c * kBlock);
     });
     for (int c = 0; c < kChunks; ++c) {
@@ -209,15 +212,12 @@ void Attend(const Shape& s, const float* q, const T* k, const T* v, Scales scale
   };
   if (d % 4 == 0) {
     scratch.keys.resize(d * kBlock);
-    EachPosition(s, k, scales.k, table, b, kv, n, [&](int64_t j, const T* x, float ks) {
-      // The first position of each block of a page (a page's positions split into blocks).
-      const int64_t in_page = j % s.page_size;
-      if (in_page % kBlock != 0) return;
-      const int64_t m = std::min({kBlock, s.page_size - in_page, n - j});
+    EachRun(s, k, scales.k, table, b, kv, n, kBlock, [&](int64_t j, const T* x, int64_t m,
+                                                         float ks) {
       BlockScores(scaled, group, d, x, stride, m, ks, scratch.keys.data(), scores + j, n);
     });
   } else {
-    EachPosition(s, k, scales.k, table, b, kv, n, [&](int64_t j, const T* x, float ks) {
+    EachRun(s, k, scales.k, table, b, kv, n, 1, [&](int64_t j, const T* x, int64_t, float ks) {
       const auto* kj = floats(x);
       for (int64_t g = 0; g < group; ++g) scores[g * n + j] = ks * Dot(scaled + g * d, kj, d);
     });
@@ -237,7 +237,7 @@ void Attend(const Shape& s, const float* q, const T* k, const T* v, Scales scale
       case 16: return BlockValues<16>(s, v, table, b, kv, n, scores, inverse, o);
     }
   }
-  EachPosition(s, v, scales.v, table, b, kv, n, [&](int64_t j, const T* x, float vs) {
+  EachRun(s, v, scales.v, table, b, kv, n, 1, [&](int64_t j, const T* x, int64_t, float vs) {
     const auto* vj = floats(x);
     for (int64_t g = 0; g < group; ++g) {
       const float p = scores[g * n + j] * vs;
