@@ -204,8 +204,8 @@ def pooled_delta_rule(
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
     """The native kernel for `x [rows, K] @ w [K, columns]` with w of `dtype` (x in fp32;
     `matmul.native_binding.matmul` without its first argument), or None where XLA's dot runs:
-    it runs in `native` mode for the row counts this machine's calibration gives the dtype
-    (`matmul.calibration.native_rows`: where the kernel beat XLA's dot here), over at least
+    it runs in `native` mode for the row counts this machine's calibration gives the dtype and
+    width (`matmul.calibration.native_rows`: where the kernel beat XLA's dot here), over at least
     `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
     partitioner cannot split a custom call, so under a mesh it would gather the weight.
     """
@@ -213,7 +213,7 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
         return None
     if columns < NATIVE_MATMUL_MIN_COLUMNS or jnp.dtype(dtype) not in matmul_native.HANDLERS:
         return None
-    if step_rows.decode_rows(rows) not in matmul_calibration.native_rows(dtype):
+    if step_rows.decode_rows(rows) not in matmul_calibration.native_rows(dtype, columns=columns):
         return None
     return functools.partial(matmul_native.matmul, matmul_native.targets())
 

@@ -29,11 +29,13 @@ def kernel_paths(batches: list[int], dtype: jnp.dtype, moe: bool) -> str:
     vectors = _vectors(isa, native.cpu_flags())
     paths = [f"kernels: native, built for {isa} ({vectors}); decode attention and GDN: native"]
     source = calibration.ROWS_ENV if os.environ.get(calibration.ROWS_ENV) else "calibrated here"
+    wide = calibration.WIDE_COLUMNS
     choice = {name: calibration.native_rows(name, isa) for name in calibration.DTYPES}
+    choice |= {n + calibration.WIDE: calibration.native_rows(n, isa, wide) for n in choice}
     paths.append(f"native matmul {calibration.describe(choice)} ({source})")
     for batch in batches:
-        picked = native_matmul_picked(batch, 768, dtype)
-        paths.append(f"batch {batch} matmuls: {'native' if picked else 'XLA'}")
+        ways = ["native" if native_matmul_picked(batch, n, dtype) else "XLA" for n in (768, wide)]
+        paths.append(f"batch {batch} matmuls: {ways[0]}, lm head: {ways[1]}")
     if moe:
         paths.append("experts: native grouped matmul")
     return "; ".join(paths)

@@ -35,7 +35,6 @@ from typing import Any
 
 import flax
 import jax
-import jax.numpy as jnp
 import jaxlib
 from jax import export
 from jax._src import config as jax_config
@@ -168,7 +167,8 @@ def _kernel_choices() -> tuple[object, ...]:
     mode = dispatch.current_mode()
     if mode != "native" or not native.available():
         return (mode, dispatch.prefill_form())
-    rows = [(d, calibration.native_rows(jnp.dtype(d))) for d in ("float32", "bfloat16")]
+    choose = calibration.native_rows
+    rows = [(d, choose(d), choose(d, None, calibration.WIDE_COLUMNS)) for d in calibration.DTYPES]
     return (mode, dispatch.prefill_form(), native.build_isa(), rows)
 
 

@@ -1,5 +1,6 @@
 """Which row counts the native matmul takes on this machine: chosen by timing it against XLA's
-dot once per kernel build, and cached with the build.
+dot once per kernel build, for a mid-size projection and for a weight as wide as a vocabulary,
+and cached with the build.
 
 Where the kernel beats XLA's dot depends on the CPU, so no constant holds everywhere. On one
 AVX-512 machine the fp32 kernel won from 2 to 32 rows; built for AVX2 on the same machine it
@@ -7,13 +8,18 @@ lost from 32 rows on, to half XLA's rate (`python -m flipjax.bench matmul`). The
 `native_rows` for a build therefore times both products as the engine runs them, over weights
 spanning twice the last-level cache this CPU reports (a decode step reads each weight once, from
 memory; see `kernels_pallas.cpu_caches`), and keeps, per weight
-dtype, the run of candidate row counts over which the kernel saved the most. The choice is
+dtype, the run of candidate row counts over which the kernel saved the most. Weights of
+`WIDE_COLUMNS` columns or more (an lm head) have a choice of their own: the same AVX2 build lost
+to XLA's dot from 16 rows on a [768, 32000] weight while it won at 16-48 rows on [1024, 2048]
+(two calibrations each, one machine), so one choice for both gave the lm head to the slower
+path or the projections to it. The choice is
 written beside the kernel's library, under the same key (source, flags, jaxlib, CPU), so it is
 made once: every later step and process dispatches the same way, and a row count never flips
 between paths from one run to the next, so neither do tokens.
 
-`FLIPJAX_NATIVE_MATMUL_ROWS` sets the choice instead: `float32=2-32,bfloat16=1-8` (a dtype left
-out runs XLA's dot), or `none`. This module imports nothing from flipjax.
+`FLIPJAX_NATIVE_MATMUL_ROWS` sets the choice instead, for weights of every width:
+`float32=2-32,bfloat16=1-8` (a dtype left out runs XLA's dot), or `none`. This module imports
+nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -41,26 +47,34 @@ ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
 DTYPES = ("float32", "bfloat16")
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
+WIDE_SHAPE = (1024, 32768)  # a vocabulary's width
+WIDE_COLUMNS = 8192  # a weight this wide dispatches by the choice WIDE_SHAPE measured
+WIDE = ":wide"  # the suffix of a dtype's name that keys its wide weights' choice
 ROUNDS = 5
 TIE = 0.03  # the kernel at most this much slower than XLA's dot: a tie, as noise goes
 MAX_ROWS = 1 << 16
 CACHE_SUFFIX = ".rows.json"
 
-# Per dtype name, per row count: (native seconds, XLA seconds) per product.
+# Per dtype name (with WIDE for wide weights), per row count: (native seconds, XLA seconds) per
+# product.
 Times = dict[str, dict[int, tuple[float, float]]]
+KEYS = (*DTYPES, *(name + WIDE for name in DTYPES))
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 
 
-def native_rows(dtype: jnp.dtype, isa: str | None = None) -> range:
-    """The row counts whose products with a `dtype` weight the native kernel runs, for the
-    build `isa` (default: `native.build_isa()`): `FLIPJAX_NATIVE_MATMUL_ROWS` if set, else
-    this machine's calibration (measured on first use, then read from the cache)."""
+def native_rows(dtype: jnp.dtype, isa: str | None = None, columns: int = 0) -> range:
+    """The row counts whose products with a `dtype` weight of `columns` columns the native
+    kernel runs, for the build `isa` (default: `native.build_isa()`):
+    `FLIPJAX_NATIVE_MATMUL_ROWS` if set, else this machine's calibration (measured on first
+    use, then read from the cache) for weights of that width."""
     name = jnp.dtype(dtype).name
     spec = os.environ.get(ROWS_ENV)
-    choice = parse(spec) if spec else calibrated(isa or native.build_isa())
-    return choice.get(name, range(0))
+    if spec:
+        return parse(spec).get(name, range(0))
+    choice = calibrated(isa or native.build_isa())
+    return choice.get(name + WIDE if columns >= WIDE_COLUMNS else name, range(0))
 
 
 @functools.cache
@@ -110,9 +124,12 @@ def _calibrated(isa: str) -> dict[str, range]:
 
 
 def describe(choice: dict[str, range]) -> str:
-    """`float32 rows 2-32, bfloat16 rows 1-8` (`XLA` for a dtype the kernel never takes)."""
+    """`float32 rows 2-32, bfloat16 rows 1-8` (`XLA` for a dtype the kernel never takes), then
+    the wide weights' choice where the choice has one (`float32:wide rows 2-8`)."""
     parts = []
-    for name in DTYPES:
+    for name in KEYS:
+        if name not in choice and name.endswith(WIDE):
+            continue
         rows = choice.get(name, range(0))
         parts.append(f"{name} rows {rows.start}-{rows.stop - 1}" if rows else f"{name} XLA")
     return ", ".join(parts)
@@ -154,24 +171,27 @@ def measure(
     shape: tuple[int, int] = WEIGHT_SHAPE,
     sweep_bytes: int | None = None,
     rounds: int = ROUNDS,
+    wide_shape: tuple[int, int] = WIDE_SHAPE,
 ) -> Times:
     """Per dtype and row count, the fastest of `rounds` interleaved passes of each product over
     enough copies of a `shape` weight to fill `sweep_bytes` (default: twice the last-level
-    cache), per product."""
+    cache), per product; and the same for a `wide_shape` weight, under the dtype's name with
+    WIDE."""
     device = jax.local_devices(backend="cpu")[0]
     targets = native_binding.targets(isa)
     ours = jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
     theirs = jax.jit(xla_matmul)
     rng = np.random.default_rng(0)
     times: Times = {}
-    for name in DTYPES:
-        dtype = jnp.dtype(name)
-        first = jax.device_put((rng.standard_normal(shape) * 0.02).astype(dtype), device)
+    shapes = {**{d: shape for d in DTYPES}, **{d + WIDE: wide_shape for d in DTYPES}}
+    for name, (k, n) in shapes.items():
+        dtype = jnp.dtype(name.removesuffix(WIDE))
+        first = jax.device_put((rng.standard_normal((k, n)) * 0.02).astype(dtype), device)
         weights = cpu_caches.uncached_copies(first, sweep_bytes)
         copies = len(weights)
         times[name] = {}
         for m in rows:
-            x = jax.device_put(rng.standard_normal((m, shape[0])).astype(np.float32), device)
+            x = jax.device_put(rng.standard_normal((m, k)).astype(np.float32), device)
             x_model = x.astype(dtype)  # Linear's input on XLA's path is in the model's dtype
             _check_agree(np.asarray(ours(x, weights[0])), np.asarray(theirs(x_model, weights[0])))
             native_pass = _timed_pass(lambda w, x=x: ours(x, w), weights)
@@ -212,7 +232,7 @@ def load(path: Path) -> dict[str, range] | None:
     if problem is None:
         try:
             cached = json.loads(path.read_text())["rows"]
-            return {name: _checked_range(cached[name]) for name in DTYPES}
+            return {name: _checked_range(cached[name]) for name in KEYS}
         except (OSError, ValueError, KeyError, TypeError) as e:
             problem = f"is not a valid choice ({type(e).__name__}: {e})"
     log.warning("native matmul calibration %s %s; measuring again", path, problem)
@@ -234,6 +254,6 @@ def store(path: Path, choice: dict[str, range], times: Times) -> None:
     """Write the choice (and the times behind it) to `path` atomically, readable by this user
     only: a reader never sees half a file."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    rows = {n: [r.start, r.stop - 1] if (r := choice.get(n, range(0))) else None for n in DTYPES}
+    rows = {n: [r.start, r.stop - 1] if (r := choice.get(n, range(0))) else None for n in KEYS}
     seconds = {n: {str(m): list(t) for m, t in by_rows.items()} for n, by_rows in times.items()}
     write_private(path, json.dumps({"rows": rows, "seconds": seconds}).encode())

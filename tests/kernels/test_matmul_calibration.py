@@ -1,5 +1,6 @@
 """The native matmul's row counts are chosen on each machine by timing it against XLA's dot:
-the choice follows the times, is measured once per build and then read from the cache, is
+the choice follows the times, a vocabulary-wide weight has its own, it is measured once per
+build and then read from the cache, is
 measured again where the cached file cannot be trusted, runs even when first asked while a step
 is being traced, and can be set by `FLIPJAX_NATIVE_MATMUL_ROWS`, refused by name when it cannot
 be read.
@@ -73,6 +74,9 @@ def unpinned(tmp_path, monkeypatch):
         return {
             "float32": _times({1: 1.1, 2: 0.5, 4: 0.6, 8: 1.2}),
             "bfloat16": _times({1: 0.5, 2: 1.5}),
+            # An lm head: the kernel loses from 4 rows (an AVX2 build's, measured, from 16).
+            "float32:wide": _times({1: 1.1, 2: 0.5, 4: 1.3, 8: 1.4}),
+            "bfloat16:wide": _times({1: 1.5, 2: 1.5}),
         }
 
     monkeypatch.setattr(calibration, "measure", fake_measure)
@@ -88,15 +92,38 @@ def test_it_is_measured_once_per_build_then_read_from_the_cache(unpinned):
     assert calibration.native_rows(F32, "native") == range(2, 5)
     assert unpinned == ["native"]  # read, not measured
     path = native.cached_beside("matmul", "native", calibration.CACHE_SUFFIX)
-    assert json.loads(path.read_text())["rows"] == {"float32": [2, 4], "bfloat16": [1, 1]}
+    assert json.loads(path.read_text())["rows"] == {
+        "float32": [2, 4],
+        "bfloat16": [1, 1],
+        "float32:wide": [2, 2],
+        "bfloat16:wide": None,
+    }
     assert os.stat(path).st_mode & 0o077 == 0
     calibration.native_rows(F32, "x86-64-v3")  # another build is measured on its own
     assert unpinned == ["native", "x86-64-v3"]
 
 
+def test_a_weight_as_wide_as_a_vocabulary_takes_the_wide_choice(unpinned):
+    one = Mesh(np.array(jax.devices()[:1]), ("tp",))
+    wide = calibration.WIDE_COLUMNS
+    assert calibration.native_rows(F32, "native", columns=wide) == range(2, 3)
+    assert calibration.native_rows(F32, "native", columns=wide - 1) == range(2, 5)
+    assert calibration.native_rows(BF16, "native", columns=32000) == range(0)
+    with dispatch.kernels("native"), head_parallel.across(one):
+        assert dispatch.matmul(4, 2048, F32) is not None
+        assert dispatch.matmul(4, 32000, F32) is None  # the lm head: XLA's dot
+        assert dispatch.matmul(2, 32000, F32) is not None
+
+
 @pytest.mark.parametrize(
     "damage",
-    ["not json", '{"rows": {"float32": [4, 2], "bfloat16": null}}', "others can write"],
+    [
+        "not json",
+        '{"rows": {"float32": [4, 2], "bfloat16": null}}',
+        # A choice cached before wide weights had their own: measured again, wide weights too.
+        '{"rows": {"float32": [2, 4], "bfloat16": [1, 1]}}',
+        "others can write",
+    ],
 )
 def test_a_cached_choice_that_cannot_be_trusted_is_measured_again(unpinned, caplog, damage):
     calibration.native_rows(F32, "native")
@@ -110,7 +137,12 @@ def test_a_cached_choice_that_cannot_be_trusted_is_measured_again(unpinned, capl
         assert calibration.native_rows(F32, "native") == range(2, 5)
     assert unpinned == ["native", "native"]
     assert f"{path} " in caplog.text and "measuring again" in caplog.text
-    assert calibration.load(path) == {"float32": range(2, 5), "bfloat16": range(1, 2)}
+    assert calibration.load(path) == {
+        "float32": range(2, 5),
+        "bfloat16": range(1, 2),
+        "float32:wide": range(2, 3),
+        "bfloat16:wide": range(0),
+    }
     assert os.stat(path).st_mode & 0o077 == 0
 
 
@@ -119,6 +151,7 @@ def test_the_variable_sets_the_choice_and_a_bad_one_is_refused_by_name(monkeypat
     monkeypatch.setenv(calibration.ROWS_ENV, "float32=1-64")
     with dispatch.kernels("native"), head_parallel.across(one):
         assert dispatch.matmul(1, 768, F32) is not None and dispatch.matmul(64, 768, F32)
+        assert dispatch.matmul(64, 32000, F32) is not None  # for weights of every width
         assert dispatch.matmul(65, 768, F32) is None
         assert dispatch.matmul(2, 768, BF16) is None  # left out: XLA's dot
     monkeypatch.setenv(calibration.ROWS_ENV, "none")
@@ -133,7 +166,12 @@ def test_the_variable_sets_the_choice_and_a_bad_one_is_refused_by_name(monkeypat
 def test_a_real_calibration_runs_while_a_step_is_traced(unpinned, monkeypatch):
     """The first use is at trace time; the timed products must run, not join the trace."""
     small = functools.partial(
-        REAL_MEASURE, rows=(2, 8), shape=(256, 512), sweep_bytes=1 << 20, rounds=1
+        REAL_MEASURE,
+        rows=(2, 8),
+        shape=(256, 512),
+        sweep_bytes=1 << 20,
+        rounds=1,
+        wide_shape=(256, 1024),
     )
     monkeypatch.setattr(calibration, "measure", small)
     one = Mesh(np.array(jax.devices()[:1]), ("tp",))
@@ -143,7 +181,7 @@ def test_a_real_calibration_runs_while_a_step_is_traced(unpinned, monkeypatch):
         program = jax.jit(lin.__call__).lower(x).as_text()
     path = native.cached_beside("matmul", native.build_isa(), calibration.CACHE_SUFFIX)
     seconds = json.loads(path.read_text())["seconds"]
-    assert set(seconds) == {"float32", "bfloat16"}
+    assert set(seconds) == set(calibration.KEYS)
     assert all(t > 0 for d in seconds.values() for pair in d.values() for t in pair)
     chosen = calibration.native_rows(F32)
     assert ("flipjax_matmul" in program) == (2 in chosen)
@@ -162,5 +200,5 @@ def test_the_calibration_times_products_over_copies_spanning_the_cache(monkeypat
         return real_pass(product, weights[:2])
 
     monkeypatch.setattr(calibration, "_timed_pass", counting_pass)
-    REAL_MEASURE(native.build_isa(), rows=(2,), shape=(512, 1024), rounds=1)
+    REAL_MEASURE(native.build_isa(), rows=(2,), shape=(512, 1024), rounds=1, wide_shape=(512, 2048))
     assert spans and all(span >= 80 << 20 for span in spans), spans
