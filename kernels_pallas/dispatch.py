@@ -44,10 +44,9 @@ REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no 
 NATIVE_MATMUL_MIN_COLUMNS = 128
 # A verify step's positions per row, at most (prefill chunks are never this short).
 VERIFY_TOKENS = 8
+StateKernel = Callable[..., tuple[jax.Array, jax.Array]]  # (output, the pool updated in place)
 
-_pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "flipjax_kernels", default=None
-)
+_pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar("kernels", default=None)
 _pinned_form: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_form", default=None)
 
 
@@ -170,9 +169,8 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
 def first_max(x: jax.Array) -> jax.Array:
     """Each row's first maximum (`sampling.reference.first_max`): by the kernel in `native` mode
     for float32 rows (XLA:CPU makes three passes of parallel loops), else by the reference."""
-    if current_mode() == "native" and x.dtype == jnp.float32:
-        return sampling_native.first_max(x)
-    return sampling_reference.first_max(x)
+    native_rows = current_mode() == "native" and x.dtype == jnp.float32
+    return (sampling_native if native_rows else sampling_reference).first_max(x)
 
 
 def prefill_form() -> str:
@@ -182,16 +180,13 @@ def prefill_form() -> str:
     return form or ("recurrent" if jax.default_backend() == "cpu" else "chunked")
 
 
-def pooled_delta_rule(
-    key_heads: int, value_heads: int
-) -> Callable[..., tuple[jax.Array, jax.Array]] | None:
+def pooled_delta_rule(key_heads: int, value_heads: int) -> StateKernel | None:
     """The native kernel that advances pooled GDN states in their slots, token by token
     (`gdn.native_binding.pooled_decode` without its first argument; given a chain of write
     slots, a verify step's few tokens or a prefill chunk's), or None where the caller gathers
     the rows, runs `delta_rule` and writes them back. It runs in `native` mode (for prefill
     too: XLA's scan took about 4 ms a layer for a 128-token chunk of 12 heads, the kernel 1 ms),
-    per device over its heads under `head_parallel.across` when both head counts split evenly.
-    """
+    per device over its heads under `head_parallel.across` when both head counts split evenly."""
     if current_mode() != "native":
         return None
     mesh = head_parallel.current()
@@ -201,19 +196,25 @@ def pooled_delta_rule(
     return kernel if mesh is None else head_parallel.pooled_delta_rule(kernel, mesh)
 
 
+def pooled_conv(dtype: jnp.dtype) -> StateKernel | None:
+    """The native GDN conv over pooled windows in their slots (`gdn.native_binding.pooled_conv`
+    without its first argument): `native` mode, fp32, one device; else None (`causal_conv`)."""
+    if current_mode() != "native" or not head_parallel.local() or dtype != jnp.float32:
+        return None
+    return functools.partial(gdn_native.pooled_conv, native.target("conv_pool"))
+
+
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
     """The native kernel for `x [rows, K] @ w [K, columns]` with w of `dtype` (x in fp32;
     `matmul.native_binding.matmul` without its first argument), or None where XLA's dot runs:
     it runs in `native` mode for the row counts this machine's calibration gives the dtype and
     width (`matmul.calibration.native_rows`: where the kernel beat XLA's dot here), over at least
     `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
-    partitioner cannot split a custom call, so under a mesh it would gather the weight.
-    """
+    partitioner cannot split a custom call, so under a mesh it would gather the weight."""
     if not head_parallel.local() or current_mode() != "native":  # cheapest question first
         return None
-    if columns < NATIVE_MATMUL_MIN_COLUMNS or jnp.dtype(dtype) not in matmul_native.HANDLERS:
-        return None
-    if step_rows.decode_rows(rows) not in matmul_calibration.native_rows(dtype, columns=columns):
+    calibrated = matmul_calibration.native_rows(dtype, columns=columns)  # none for int8
+    if columns < NATIVE_MATMUL_MIN_COLUMNS or step_rows.decode_rows(rows) not in calibrated:
         return None
     return functools.partial(matmul_native.matmul, matmul_native.targets())
 
@@ -240,8 +241,7 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
     elif jax.default_backend() == "cpu":
         y = xla_int8_matmul(rows, q)
     else:
-        widened = q.astype(x.dtype)
-        y = jnp.einsum("ri,io->ro", rows, widened, preferred_element_type=jnp.float32)
+        y = jnp.einsum("ri,io->ro", rows, q.astype(x.dtype), preferred_element_type=jnp.float32)
     y = y * scale.astype(jnp.float32)
     return y.astype(x.dtype).reshape(*x.shape[:-1], q.shape[1])
 

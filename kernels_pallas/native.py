@@ -47,6 +47,7 @@ SHARED_HEADERS = PACKAGE
 # Each source by name, in the folder of the operation it implements.
 SOURCES = {
     "gdn_decode": PACKAGE / "gdn" / "gdn_decode.cc",
+    "conv_pool": PACKAGE / "gdn" / "conv_pool.cc",
     "matmul": PACKAGE / "matmul" / "matmul.cc",
     "paged_decode": PACKAGE / "paged_attention" / "paged_decode.cc",
     "ragged_matmul": PACKAGE / "ragged_matmul" / "ragged_matmul.cc",
@@ -55,6 +56,7 @@ SOURCES = {
 }
 KERNELS = (
     "gdn_decode",
+    "conv_pool",
     "matmul",
     "matmul_bf16",
     "matmul_int8",

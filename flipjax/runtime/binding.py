@@ -30,6 +30,7 @@ from flipjax.runtime.crosshost import reshard
 from flipjax.runtime.host_image import HostImage
 from flipjax.runtime.paged import (
     Scores,
+    conv_in_place,
     stage_step,
     updates_in_place,
     write_chain,
@@ -232,7 +233,12 @@ def compile_programs(
             if key in PROGRAMS:
                 continue
             in_place = updates_in_place(cfg, binding.kernels, mesh)
-            in_place_sh = (gdn_sh, tuple(GDNState(None, row(g.conv)) for g in gdn_sh))
+            # Where the conv runs in the slots too, the step returns no rows at all.
+            own = bool(gdn) and conv_in_place(cfg, binding.kernels, mesh, gdn[0].conv.dtype, verify)
+            in_place_sh = (
+                gdn_sh,
+                tuple(GDNState(None, None if own else row(g.conv)) for g in gdn_sh),
+            )
             step_jit = dict(
                 donate_argnums=(1, 2) if in_place else (1,),
                 out_shardings=(out_sh, kv_sh, in_place_sh if in_place else rows_sh),
@@ -266,7 +272,7 @@ def compile_programs(
                 GDNState(
                     *(
                         None
-                        if in_place and name == "recurrent"
+                        if in_place and name == "recurrent" or own and name == "conv"
                         else jax.ShapeDtypeStruct(
                             (*per_row, *a.shape[1:]), a.dtype, sharding=a.sharding
                         )

@@ -8,7 +8,9 @@ program XLA fuses the slot gather into several consumers and, to keep the pool r
 updating it in place, copies every GDN pool on every step. Where the native decode kernel runs
 (`updates_in_place`) the recurrent states are not gathered: the kernel updates each row's state
 in its slot of the (donated) pool, the step returns the pools, and `write_slots` writes only
-the rows' conv states (gathered, so for the same reason written by the second program).
+the rows' conv states (gathered, so for the same reason written by the second program), unless
+the native conv runs too (`conv_in_place`: fp32 on one device), which reads and writes each
+row's conv window in its slot as well, leaving `write_slots` nothing to write.
 
 Rows are requests; a row's tokens continue its cached prefix (a decode row has one token, a
 prefill row a chunk). A row whose first position is 0 starts from a zero GDN state, so a
@@ -56,13 +58,15 @@ class PagedKV(NamedTuple):
 
 class PooledGDN(NamedTuple):
     """A GDN layer's cache in a step: its pool of recurrent states, the slot each row reads and
-    the one it writes, and the rows' conv states. A read out of the pool's range (padding, or a
-    row that starts at position 0) is a zero state; a write out of range is dropped."""
+    the one it writes, and the rows' conv states, or (`conv_pool`) the pool of conv states the
+    native conv reads and writes in place. A read out of the pool's range (padding, or a row
+    that starts at position 0) is a zero state; a write out of range is dropped."""
 
     pool: jax.Array  # [S, Hv, dk, dv]
     reads: jax.Array  # [B]
     writes: jax.Array  # [B]
-    conv: jax.Array  # [B, K-1, conv_dim]
+    conv: jax.Array | None  # [B, K-1, conv_dim]
+    conv_pool: jax.Array | None = None  # [S, K-1, conv_dim]
 
     def advance(
         self,
@@ -89,7 +93,11 @@ class PooledGDN(NamedTuple):
     def convolve(
         self, x: jax.Array, weight: jax.Array, valid: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        return causal_conv(x, weight, self.conv, valid)
+        """y and the rows' new conv states, or with `conv_pool` the pool holding them."""
+        if self.conv_pool is None:
+            return causal_conv(x, weight, self.conv, valid)
+        native = dispatch.pooled_conv(self.conv_pool.dtype)
+        return native(self.conv_pool, self.reads, self.writes, x, weight, valid)
 
 
 def updates_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh) -> bool:
@@ -98,6 +106,14 @@ def updates_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh) -> bool:
     with dispatch.kernels(kernels), head_parallel.across(mesh):
         native = dispatch.pooled_delta_rule(cfg.linear_num_key_heads, cfg.linear_num_value_heads)
     return native is not None
+
+
+def conv_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh, dtype: Any, verify: bool) -> bool:
+    """Whether a stage step (not a verify step, whose conv states go to a chain of slots) also
+    takes its GDN convs in the slots of the conv pools, of `dtype`, and returns those pools."""
+    with dispatch.kernels(kernels), head_parallel.across(mesh):
+        native = dispatch.pooled_conv(jnp.dtype(dtype)) is not None
+    return native and not verify and updates_in_place(cfg, kernels, mesh)
 
 
 class Scores(NamedTuple):
@@ -146,6 +162,8 @@ def stage_step(
     """
     targets, chain = (None, extra) if verify else (extra, None)
     fresh = positions[:, 0] == 0
+    conv_dtype = next((g.conv.dtype for g in gdn), None)
+    native_conv = conv_in_place(cfg, kernels, mesh, conv_dtype, verify) if gdn else False
     caches: list[Any] = []
     kv_iter, gdn_iter = iter(kv), iter(gdn)
     for i in span.layers:
@@ -156,6 +174,9 @@ def stage_step(
             slots = next(gdn_iter)
             # A fresh row reads no slot: one past the pool reads zeros.
             reads = jnp.where(fresh, slots.recurrent.shape[0], slot_ids)
+            if native_conv:
+                caches.append(PooledGDN(slots.recurrent, reads, slot_ids, None, slots.conv))
+                continue
             conv = jnp.take(slots.conv, reads, axis=0, mode="fill", fill_value=0)
             if chain is not None:
                 caches.append(ChainedGDN(slots.recurrent, reads, chain, conv))
@@ -185,6 +206,9 @@ def stage_step(
             new_kv.append(new.pages)
         else:
             rows.append(new)
+    if native_conv:  # both pools updated in place: nothing left for `write_slots`
+        pools = tuple(GDNSlots(r.recurrent, r.conv) for r in rows)
+        return out, tuple(new_kv), (pools, tuple(GDNState(None, None) for _ in rows))
     if updates_in_place(cfg, kernels, mesh):
         # The conv pools pass through unchanged (donated, so not copied) for `write_slots`.
         pools = tuple(GDNSlots(r.recurrent, g.conv) for g, r in zip(gdn, rows, strict=True))
@@ -209,13 +233,13 @@ def write_slots(
     gdn: tuple[GDNSlots, ...], slot_ids: jax.Array, rows: tuple[GDNState, ...]
 ) -> tuple[GDNSlots, ...]:
     """Write each row's new state into its slot; padding rows (out-of-range ids) are dropped.
-    A row whose recurrent state is None was updated in its slot already."""
+    A row whose recurrent or conv state is None was updated in its slot already."""
     return tuple(
         GDNSlots(
             recurrent=slots.recurrent
             if row.recurrent is None
             else _write_rows(slots.recurrent, slot_ids, row.recurrent),
-            conv=_write_rows(slots.conv, slot_ids, row.conv),
+            conv=slots.conv if row.conv is None else _write_rows(slots.conv, slot_ids, row.conv),
         )
         for slots, row in zip(gdn, rows, strict=True)
     )

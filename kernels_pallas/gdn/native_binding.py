@@ -1,5 +1,5 @@
-"""Tokens of the gated delta rule over pooled states (decode, verify and prefill steps), by
-the native CPU kernel.
+"""The gated delta rule over pooled states (decode, verify and prefill steps), and the causal
+conv before it over pooled conv windows, by native CPU kernels.
 
 `gdn_decode.cc` (beside this file) reads each row's state straight from its slot and writes
 the new one back in place; XLA's form of the same step gathers, decays, reduces and scatters in
@@ -51,3 +51,40 @@ def pooled_decode(
         input_output_aliases={0: 1},
     )(pool, reads.astype(jnp.int32), writes.astype(jnp.int32), q, k, v, jnp.exp(g), beta)
     return jnp.swapaxes(out, 1, 2), pool
+
+
+def pooled_conv(
+    target: str,
+    pool: jax.Array,
+    reads: jax.Array,
+    writes: jax.Array,
+    x: jax.Array,
+    weight: jax.Array,
+    valid: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """The causal conv and SiLU over each row's pooled conv window, in slots
+    (`conv_pool.cc`, beside this file).
+
+    pool: [S, K-1, C] fp32, each slot a row's last K-1 conv inputs; reads, writes: [B], the
+    slot each row's window comes from and the one its new window goes to (outside [0, S): a zero
+    window, and dropped); x: [B, T, C] fp32; weight: [C, K]; valid: [B, T], each row's real
+    tokens first. Rows must write distinct slots and read none but their own. Returns y:
+    [B, T, C], as `causal_conv` computes it, and the pool with each row's new window (the input
+    pool's buffer where it is donated).
+    """
+    if pool.dtype != jnp.float32 or x.dtype != jnp.float32:
+        raise ValueError(f"conv pool: the pool and x must be float32, got {pool.dtype}, {x.dtype}")
+    lengths = jnp.sum(valid.astype(jnp.int32), axis=1)
+    y, pool = jax.ffi.ffi_call(
+        target,
+        (jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(pool.shape, pool.dtype)),
+        input_output_aliases={0: 1},
+    )(
+        pool,
+        reads.astype(jnp.int32),
+        writes.astype(jnp.int32),
+        x,
+        weight.astype(jnp.float32),
+        lengths,
+    )
+    return jax.nn.silu(y), pool
