@@ -153,6 +153,7 @@ def xla_tokens() -> list[list[int]]:
         assert "flipjax_gdn_decode" not in _decode_program(engine)
         assert "flipjax_paged_decode" not in _decode_program(engine)
         assert "flipjax_ragged_matmul" not in _decode_program(engine)
+        assert "flipjax_conv_pool" not in _decode_program(engine)
         return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)]
 
 
@@ -172,6 +173,11 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert "flipjax_ragged_matmul" in _decode_program(engine)
     # The matmul kernel only where a stage has one device: the partitioner cannot split it.
     assert ("flipjax_matmul" in _decode_program(engine)) == (layout == "single")
+    # So too the conv in the conv pools' slots, which then leaves the write program nothing.
+    assert ("flipjax_conv_pool" in _decode_program(engine)) == (layout == "single")
+    if layout == "single":
+        write = parts(engine).runner.binding.programs(0, (4, 1))[1].as_text()
+        assert "flipjax_write_rows" not in write and "scatter" not in write
     if layout == "single":
         assert "flipjax_matmul" not in _decode_program(engine, rows=1)  # XLA's matvec
         prefill, _ = parts(engine).runner.binding.programs(0, (1, 64))  # 64 rows: XLA's GEMM
