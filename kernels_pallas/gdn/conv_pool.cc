@@ -14,8 +14,8 @@
 // Returns y f32[B, T, C] = sum over j of window_j * weight[:, j] at each token, over the row's
 // window followed by its tokens (before the SiLU, which the caller applies: XLA's is vectorized,
 // and a scalar exp here took 0.4 ms a layer at batch 32), and the pool with each row's new
-// window: the last K-1 of its inputs up to its last real token. Rows must write distinct slots and read only the slot
-// they write (or none).
+// window: the last K-1 of its inputs up to its last real token. Rows must write distinct slots
+// and read only the slot they write (or none).
 
 #include <algorithm>
 #include <cstdint>
@@ -46,7 +46,9 @@ struct Conv {
     const int64_t c = channels;
     const bool read = reads[b] >= 0 && reads[b] < slots;
     inputs.resize(window + tokens);
-    for (int64_t p = 0; p < window; ++p) inputs[p] = read ? pool + (reads[b] * window + p) * c : zeros;
+    for (int64_t p = 0; p < window; ++p) {
+      inputs[p] = read ? pool + (reads[b] * window + p) * c : zeros;
+    }
     for (int64_t t = 0; t < tokens; ++t) inputs[window + t] = x + (b * tokens + t) * c;
     for (int64_t t = 0; t < tokens; ++t) {
       float* out = y + (b * tokens + t) * c;
