@@ -234,7 +234,7 @@ def compile_programs(
                 continue
             in_place = updates_in_place(cfg, binding.kernels, mesh)
             # Where the conv runs in the slots too, the step returns no rows at all.
-            own = bool(gdn) and conv_in_place(cfg, binding.kernels, mesh, gdn[0].conv.dtype, verify)
+            own = conv_in_place(cfg, binding.kernels, mesh, gdn, verify)
             in_place_sh = (
                 gdn_sh,
                 tuple(GDNState(None, None if own else row(g.conv)) for g in gdn_sh),

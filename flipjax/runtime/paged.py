@@ -108,12 +108,16 @@ def updates_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh) -> bool:
     return native is not None
 
 
-def conv_in_place(cfg: ModelConfig, kernels: str, mesh: Mesh, dtype: Any, verify: bool) -> bool:
-    """Whether a stage step (not a verify step, whose conv states go to a chain of slots) also
-    takes its GDN convs in the slots of the conv pools, of `dtype`, and returns those pools."""
+def conv_in_place(
+    cfg: ModelConfig, kernels: str, mesh: Mesh, gdn: tuple[Any, ...], verify: bool
+) -> bool:
+    """Whether a stage step with GDN pools `gdn` (not a verify step, whose conv states go to a
+    chain of slots) also takes its GDN convs in the slots of the conv pools and returns them."""
+    if not gdn or verify:
+        return False
     with dispatch.kernels(kernels), head_parallel.across(mesh):
-        native = dispatch.pooled_conv(jnp.dtype(dtype)) is not None
-    return native and not verify and updates_in_place(cfg, kernels, mesh)
+        native = dispatch.pooled_conv(jnp.dtype(gdn[0].conv.dtype)) is not None
+    return native and updates_in_place(cfg, kernels, mesh)
 
 
 class Scores(NamedTuple):
@@ -162,8 +166,7 @@ def stage_step(
     """
     targets, chain = (None, extra) if verify else (extra, None)
     fresh = positions[:, 0] == 0
-    conv_dtype = next((g.conv.dtype for g in gdn), None)
-    native_conv = conv_in_place(cfg, kernels, mesh, conv_dtype, verify) if gdn else False
+    native_conv = conv_in_place(cfg, kernels, mesh, gdn, verify)
     caches: list[Any] = []
     kv_iter, gdn_iter = iter(kv), iter(gdn)
     for i in span.layers:
