@@ -113,17 +113,16 @@ def paged_attention(
 
 
 def _native_here() -> bool:
-    """Whether the native kernels run for a program traced now: `native` mode, in a program
-    known to run on one device or per device under `head_parallel.across` (the partitioner
-    cannot split a custom call: it would gather its operands whole)."""
+    """Whether the native kernels run for a program traced now: `native` mode, on one device or
+    per device under `head_parallel.across` (the partitioner would gather a custom call's whole)."""
     native_mode = current_mode() == "native"
     return native_mode and (head_parallel.current() is not None or head_parallel.local())
 
 
 def page_writer() -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
-    """How KV rows go into a page pool (`pages.Writer`): in `native` mode in place by the native
-    kernel, per device under `head_parallel.across` (XLA:CPU's scatter copies a bf16 or fp8
-    pool twice, through fp32); elsewhere by XLA's scatter."""
+    """How KV rows go into a page pool (`pages.Writer`): in `native` mode in place by the kernel,
+    per device under `head_parallel.across` (XLA:CPU's scatter copies a bf16 or fp8 pool twice,
+    through fp32); elsewhere by XLA's scatter."""
     if not _native_here():
         return scatter_rows
     mesh = head_parallel.current()
@@ -131,10 +130,9 @@ def page_writer() -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
 
 
 def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., jax.Array] | None:
-    """The native kernel for a decode or verify step's few tokens per row, each as a row of
-    its own (`paged_attention.native_binding`), per device over its heads under
-    `head_parallel.across`; None where the reference runs: prefill, other page dtypes, or a mesh
-    whose devices' query heads span several KV heads (the partitioner would gather the pages)."""
+    """The native kernel for a decode or verify step's few tokens a row, each a row of its own
+    (`paged_attention.native_binding`), per device under `head_parallel.across`; None for prefill,
+    other page dtypes, or a mesh whose devices' query heads span several KV heads."""
     tokens = q.shape[1]
     if tokens > VERIFY_TOKENS or jnp.dtype(k_pages.dtype) not in attention_native.HANDLERS:
         return None
@@ -147,11 +145,9 @@ def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., 
 
 
 def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """The delta-rule implementation for a call over `num_tokens` tokens: the kernels in Pallas
-    (or interpret) mode; else the recurrence for decode (one token) and, for prefill, the
-    chunked form (which suits matrix units) or the scan, which XLA:CPU runs about twice as fast
-    (at 128 and 1024 tokens) and is the default there; `FLIPJAX_GDN_PREFILL=chunked|recurrent`
-    overrides it."""
+    """The delta rule over `num_tokens` tokens: the kernels in Pallas (or interpret) mode; else
+    the recurrence for decode and, for prefill, `prefill_form()`: the chunked form (for matrix
+    units) or the scan, which XLA:CPU runs about twice as fast (at 128 and 1024 tokens)."""
     mode = current_mode()
     if mode not in REFERENCE_MODES:
         kernel = functools.partial(delta_rule_kernel, interpret=mode == "interpret")
@@ -181,12 +177,11 @@ def prefill_form() -> str:
 
 
 def pooled_delta_rule(key_heads: int, value_heads: int) -> StateKernel | None:
-    """The native kernel that advances pooled GDN states in their slots, token by token
-    (`gdn.native_binding.pooled_decode` without its first argument; given a chain of write
-    slots, a verify step's few tokens or a prefill chunk's), or None where the caller gathers
-    the rows, runs `delta_rule` and writes them back. It runs in `native` mode (for prefill
-    too: XLA's scan took about 4 ms a layer for a 128-token chunk of 12 heads, the kernel 1 ms),
-    per device over its heads under `head_parallel.across` when both head counts split evenly."""
+    """The native kernel advancing pooled GDN states in their slots token by token
+    (`gdn.native_binding.pooled_decode`; decode, verify and prefill: XLA's scan took 4 ms a layer
+    for a 128-token chunk of 12 heads, the kernel 1), or None (the caller gathers the rows, runs
+    `delta_rule`, writes them back): `native` mode, per device under `head_parallel.across`
+    where both head counts split evenly."""
     if current_mode() != "native":
         return None
     mesh = head_parallel.current()
@@ -204,13 +199,23 @@ def pooled_conv(dtype: jnp.dtype) -> StateKernel | None:
     return functools.partial(gdn_native.pooled_conv, native.target("conv_pool"))
 
 
+def gated_norm(dtype: jnp.dtype, heads: int, eps: float) -> Callable[..., jax.Array] | None:
+    """The GDN output norm `(x, z, weight)` over [..., heads, D] by the native kernel
+    (`gdn.native_binding.gated_norm`; XLA:CPU's exp is scalar there): `native` mode, fp32, per
+    device under `head_parallel.across` where heads split evenly; else None (`RMSNormGated`)."""
+    mesh = head_parallel.current()
+    if not _native_here() or dtype != jnp.float32 or (mesh is not None and heads % mesh.size):
+        return None
+    kernel = functools.partial(gdn_native.gated_norm, native.target("gated_norm"), eps=eps)
+    return kernel if mesh is None else head_parallel.per_head(kernel, mesh)
+
+
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
-    """The native kernel for `x [rows, K] @ w [K, columns]` with w of `dtype` (x in fp32;
-    `matmul.native_binding.matmul` without its first argument), or None where XLA's dot runs:
-    it runs in `native` mode for the row counts this machine's calibration gives the dtype and
-    width (`matmul.calibration.native_rows`: where the kernel beat XLA's dot here), over at least
-    `NATIVE_MATMUL_MIN_COLUMNS` columns, in a program known to run on one device: the
-    partitioner cannot split a custom call, so under a mesh it would gather the weight."""
+    """The native kernel for `x [rows, K] @ w [K, columns]`, w of `dtype`, x fp32
+    (`matmul.native_binding.matmul`), or None where XLA's dot runs: `native` mode, for the rows
+    this machine's calibration gives the dtype and width (`matmul.calibration.native_rows`), over
+    `NATIVE_MATMUL_MIN_COLUMNS` columns or more, on one device (under a mesh the partitioner
+    would gather the weight whole for a custom call)."""
     if not head_parallel.local() or current_mode() != "native":  # cheapest question first
         return None
     calibrated = matmul_calibration.native_rows(dtype, columns=columns)  # none for int8
@@ -220,15 +225,13 @@ def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array
 
 
 def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str) -> jax.Array:
-    """`x [..., K] @ (q [K, N] * scale [N])` for an int8 weight with per-column scales, in x's
-    dtype, accumulated in fp32, without a dequantized copy of the weight where the kernels run.
-
-    In `native` mode `int8_matmul` chooses by row count (XLA's plain dot would write the weight
-    out whole in a float type every call), per device over q's shard under
-    `head_parallel.across`, `split` naming what TP splits ("out": columns; "in": rows, partial
-    products summed). Elsewhere XLA's dot takes the widened weight: a block of columns at a
-    time on the CPU (`xla_int8_matmul`), whole on a GPU, where the widening fuses into the GEMM.
-    """
+    """`x [..., K] @ (q [K, N] * scale [N])`, int8 q with per-column scales, in x's dtype
+    (accumulated in fp32), without a dequantized copy of the weight where the kernels run. In
+    `native` mode `int8_matmul` chooses by row count (XLA's plain dot would write the weight
+    out whole in a float type every call), per device over q's shard under `head_parallel.across`,
+    `split` naming what TP splits ("out": columns; "in": rows, partial products summed).
+    Elsewhere XLA's dot takes the widened weight: a block of columns at a time on the CPU
+    (`xla_int8_matmul`), whole on a GPU, where the widening fuses into the GEMM."""
     if split not in ("in", "out"):
         raise ValueError(f"quantized_matmul: split must be 'in' or 'out', got {split!r}")
     rows = x.reshape(-1, x.shape[-1])
@@ -248,9 +251,8 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
 
 def int8_matmul(rows: int, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """`(x [rows, K], q [K, N] int8) -> float32 [rows, N]` on the CPU: the native kernel up to
-    the most rows the calibration gives the native matmul for x's dtype (below, it reads a
-    quarter of fp32's bytes), XLA's GEMM widening a block of columns at a time above (where
-    XLA's dot beat the kernel on the model's own weights: bf16 GEMMs on bf16 dot units)."""
+    the most rows calibrated native for x's dtype, XLA's GEMM widening a block of columns at a
+    time above (it beat the kernel on the model's weights: bf16 GEMMs on bf16 dot units)."""
     calibrated = matmul_calibration.native_rows(dtype) if dtype in matmul_native.HANDLERS else ()
     if step_rows.decode_rows(rows) <= max(calibrated, default=1):
         targets = matmul_native.targets()
@@ -267,14 +269,12 @@ def ragged_dot(
     scale: jax.Array | None = None,
 ) -> jax.Array:
     """`jax.lax.ragged_dot(x, w, group_sizes)` for x [M, K] sorted by group and w [G, K, N]:
-    the experts' matmul of a mixture-of-experts layer, in x's dtype. With `scale` [G, N], w is
-    int8 and each group's product is scaled per column (see `quantized_matmul`).
+    the experts' matmul, in x's dtype; with `scale` [G, N], w is int8, scaled per column.
 
-    In `native` mode the native kernel runs (`ragged_matmul.native_binding`) at every row count
-    (XLA:CPU multiplies each row by every group, copying the weight per call: `bench matmul
-    --ragged`), per device over w's shard under `head_parallel.across`, `split` naming what TP
-    splits: "out" (N) or "in" (K, partial products summed). Elsewhere XLA's `ragged_dot` runs.
-    """
+    In `native` mode by the native kernel (`ragged_matmul.native_binding`) at every row count
+    (XLA:CPU multiplies each row by every group, copying the weight per call), per device over
+    w's shard under `head_parallel.across`, `split` naming what TP splits: "out" (N) or "in" (K,
+    partial products summed). Elsewhere XLA's `ragged_dot` runs."""
     if split not in ("in", "out"):
         raise ValueError(f"ragged_dot: split must be 'in' or 'out', got {split!r}")
     if not _native_here():

@@ -13,10 +13,10 @@ count) the call is left to the partitioner.
 
 It sits at the top of `kernels_pallas`, not in an operation's folder, because it serves them
 all: paged attention (Pallas and native), the gated delta rule (Pallas, and the native pooled
-update), the experts' grouped matmul (split as the layouts split experts: by their intermediate
-dimension) and the matmul (which asks `local()` whether a program runs on one device); one mesh,
-entered once per stage step, applies to every kernel in it. This module imports nothing from
-flipjax.
+update and the norm after it), the experts' grouped matmul (split as the layouts split experts:
+by their intermediate dimension) and the matmul (which asks `local()` whether a program runs on
+one device); one mesh, entered once per stage step, applies to every kernel in it. This module
+imports nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -130,6 +130,20 @@ def rows(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax.Arra
             out_specs=heads(pool),
             check_vma=False,
         )(pool, rows, ids)
+
+    return run
+
+
+def per_head(kernel: Callable[..., jax.Array], mesh: Mesh) -> Callable[..., jax.Array]:
+    """`kernel(x, z, weight)` (x and z [..., H, D], weight [D]: a norm within each head) per
+    device over its heads; H must split evenly over the mesh."""
+    (axis,) = mesh.axis_names
+
+    def run(x: jax.Array, z: jax.Array, weight: jax.Array) -> jax.Array:
+        heads = P(*[None] * (x.ndim - 2), axis, None)
+        return jax.shard_map(
+            kernel, mesh=mesh, in_specs=(heads, heads, P()), out_specs=heads, check_vma=False
+        )(x, z, weight)
 
     return run
 

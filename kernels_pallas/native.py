@@ -48,6 +48,7 @@ SHARED_HEADERS = PACKAGE
 SOURCES = {
     "gdn_decode": PACKAGE / "gdn" / "gdn_decode.cc",
     "conv_pool": PACKAGE / "gdn" / "conv_pool.cc",
+    "gated_norm": PACKAGE / "gdn" / "gated_norm.cc",
     "matmul": PACKAGE / "matmul" / "matmul.cc",
     "paged_decode": PACKAGE / "paged_attention" / "paged_decode.cc",
     "ragged_matmul": PACKAGE / "ragged_matmul" / "ragged_matmul.cc",
@@ -57,6 +58,7 @@ SOURCES = {
 KERNELS = (
     "gdn_decode",
     "conv_pool",
+    "gated_norm",
     "matmul",
     "matmul_bf16",
     "matmul_int8",

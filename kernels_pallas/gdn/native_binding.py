@@ -1,5 +1,5 @@
-"""The gated delta rule over pooled states (decode, verify and prefill steps), and the causal
-conv before it over pooled conv windows, by native CPU kernels.
+"""The gated delta rule over pooled states (decode, verify and prefill steps), the causal conv
+before it over pooled conv windows, and the gated norm after it, by native CPU kernels.
 
 `gdn_decode.cc` (beside this file) reads each row's state straight from its slot and writes
 the new one back in place; XLA's form of the same step gathers, decays, reduces and scatters in
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernels_pallas.gdn.reference import prepare
 
@@ -88,3 +89,19 @@ def pooled_conv(
         lengths,
     )
     return jax.nn.silu(y), pool
+
+
+def gated_norm(target: str, x: jax.Array, z: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """The GDN output norm `(weight * rmsnorm(x)) * silu(z)` over the last dimension, as
+    `RMSNormGated` computes it in fp32 (`gated_norm.cc`, beside this file): x, z [..., D] fp32,
+    weight [D]. Returns [..., D] fp32."""
+    if x.dtype != jnp.float32 or z.dtype != jnp.float32:
+        raise ValueError(f"gated norm: x and z must be float32, got {x.dtype}, {z.dtype}")
+    if x.ndim < 1 or x.shape != z.shape or weight.shape != x.shape[-1:]:
+        raise ValueError(
+            f"gated norm: need x and z of one shape [..., D] and weight [D], got "
+            f"{list(x.shape)}, {list(z.shape)} and {list(weight.shape)}"
+        )
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, jnp.float32))(
+        x, z, weight.astype(jnp.float32), eps=np.float32(eps)
+    )

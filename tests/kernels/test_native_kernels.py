@@ -154,6 +154,7 @@ def xla_tokens() -> list[list[int]]:
         assert "flipjax_paged_decode" not in _decode_program(engine)
         assert "flipjax_ragged_matmul" not in _decode_program(engine)
         assert "flipjax_conv_pool" not in _decode_program(engine)
+        assert "flipjax_gated_norm" not in _decode_program(engine)
         return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)]
 
 
@@ -169,6 +170,7 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
     assert "flipjax_gdn_decode" in _decode_program(engine)
     assert "flipjax_paged_decode" in _decode_program(engine)  # per device over its heads
+    assert "flipjax_gated_norm" in _decode_program(engine)  # so too the GDN output norm
     # The experts' grouped matmul on every layout (per device over a TP mesh), at every size.
     assert "flipjax_ragged_matmul" in _decode_program(engine)
     # The matmul kernel only where a stage has one device: the partitioner cannot split it.
