@@ -5,7 +5,7 @@
 // that it leaves unvectorized: about 60 us a layer for a batch-8 decode step of the benchmark
 // model (6K values) and 250 us at batch 32, where the values' own reads and writes take a few
 // microseconds. Here each head's row is read once for its sum of squares and once for the
-// output, and the exp is a polynomial the compiler vectorizes.
+// output, and the exp is a polynomial the compiler vectorizes (`fast_exp.h`).
 //
 // x, z f32[..., D], weight f32[D], attribute eps. Returns f32[..., D]: per row of D,
 // (weight * (x * rsqrt(mean(x^2) + eps))) * (z * (1 / (1 + exp(-z)))), the products in the order
@@ -14,9 +14,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
+#include "fast_exp.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -26,28 +26,6 @@ namespace {
 
 constexpr int64_t kLanes = 16;               // partial sums of squares: one AVX-512 vector
 constexpr int64_t kWorkPerThread = 1 << 15;  // values that pay for waking a thread
-
-// e^x within 2 ulp of the correctly rounded value, for x clamped to [-87, 88] (below, e^x is
-// under the smallest normal float; above, it overflows): 2^n * e^r with n the nearest integer
-// to x / ln 2 and |r| <= ln 2 / 2 (Cody and Waite's split of ln 2), e^r by Cephes' polynomial.
-// Branch-free arithmetic, so a loop over it is vectorized at the build's width.
-inline float Exp(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  constexpr float kRound = 0x1.8p23f;  // adding and subtracting it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = (p * r) * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return er * scale;
-}
 
 void Row(const float* x, const float* z, const float* w, float eps, int64_t d, float* out) {
   float partial[kLanes] = {};
@@ -60,7 +38,7 @@ void Row(const float* x, const float* z, const float* w, float eps, int64_t d, f
   for (; i < d; ++i) sum += x[i] * x[i];
   const float r = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
   for (int64_t j = 0; j < d; ++j) {
-    const float silu = z[j] * (1.0f / (1.0f + Exp(-z[j])));
+    const float silu = z[j] * (1.0f / (1.0f + flipjax::Exp(-z[j])));
     out[j] = (w[j] * (x[j] * r)) * silu;
   }
 }
