@@ -88,7 +88,7 @@ def pooled_conv(
         weight.astype(jnp.float32),
         lengths,
     )
-    return jax.nn.silu(y), pool
+    return y, pool
 
 
 def gated_norm(target: str, x: jax.Array, z: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
