@@ -39,7 +39,7 @@ def rows(v: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("isa", sorted(native.ISAS))
-@pytest.mark.parametrize("v", [1, 15, 16, 17, 48, 4001])
+@pytest.mark.parametrize("v", [1, 15, 16, 17, 31, 32, 33, 48, 65, 4001])
 def test_the_kernel_is_jax_argmax(isa, v):
     if not native.runs_here(isa):
         pytest.skip(f"this CPU lacks the features of {isa}: {native.ISA_NEEDS[isa]}")
