@@ -1,13 +1,12 @@
 """The one place that decides which implementation of each kernel runs.
 
 Modes: `pallas` (compiled Pallas kernels, the default on GPU), `native` (the pure-JAX references
-with the native CPU kernels of `kernels_pallas.native` where one does a step in fewer passes
-over memory: the default on the CPU where they build), `reference` (the pure-JAX references
-alone) and `interpret` (the Pallas kernels in interpret mode, so the CPU tests exercise the
-kernel code itself). `FLIPJAX_KERNELS` overrides the default; a program being traced can pin a
-mode with `kernels(mode)`, which is how a compiled step records the mode it was built for. Under
-`head_parallel.across(mesh)` the kernels run per device over their shard of heads. The mode is
-read at trace time, never inside a compiled program. This module imports nothing from flipjax.
+with the native CPU kernels of `kernels_pallas.native` where one runs a step faster: the default
+on the CPU where they build), `reference` (the pure-JAX references alone) and `interpret` (the
+Pallas kernels in interpret mode, so the CPU tests exercise the kernel code). `FLIPJAX_KERNELS`
+overrides the default; a traced program pins a mode with `kernels(mode)` (how a compiled step
+records its mode). Under `head_parallel.across(mesh)` kernels run per device over their heads.
+The mode is read at trace time, never in a compiled program. This imports nothing from flipjax.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from kernels_pallas.paged_attention.pages import scatter_rows
 from kernels_pallas.paged_attention.pallas_kernel import tuned_paged_attention
 from kernels_pallas.paged_attention.reference import paged_attention_reference
 from kernels_pallas.paged_attention.write_binding import read_rows, write_rows
+from kernels_pallas.pointwise import native_binding as pointwise_native
 from kernels_pallas.ragged_matmul import native_binding as ragged_native
 from kernels_pallas.sampling import native_binding as sampling_native
 from kernels_pallas.sampling import reference as sampling_reference
@@ -57,13 +57,10 @@ def _checked(mode: str, source: str) -> str:
 
 
 def default_mode() -> str:
-    """`FLIPJAX_KERNELS` if set, else Pallas on GPU, the native kernels on the CPU where they
-    build, and the references elsewhere."""
-    env = os.environ.get(KERNELS_ENV)
-    if env:
+    """`FLIPJAX_KERNELS`, else Pallas on GPU, native on the CPU where they build, else reference."""
+    if env := os.environ.get(KERNELS_ENV):
         return _checked(env, KERNELS_ENV)
-    backend = jax.default_backend()
-    if backend == "gpu":
+    if (backend := jax.default_backend()) == "gpu":
         return "pallas"
     return "native" if backend == "cpu" and native.available() else "reference"
 
@@ -130,9 +127,8 @@ def page_writer() -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
 
 
 def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., jax.Array] | None:
-    """The native kernel for a decode or verify step's few tokens a row, each a row of its own
-    (`paged_attention.native_binding`), per device under `head_parallel.across`; None for prefill,
-    other page dtypes, or a mesh whose devices' query heads span several KV heads."""
+    """The native kernel for a decode or verify step's few tokens a row, per device under
+    `head_parallel.across`; None for prefill, other page dtypes, or split KV heads' groups."""
     tokens = q.shape[1]
     if tokens > VERIFY_TOKENS or jnp.dtype(k_pages.dtype) not in attention_native.HANDLERS:
         return None
@@ -145,9 +141,8 @@ def _native_decode_attention(q: jax.Array, k_pages: jax.Array) -> Callable[..., 
 
 
 def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """The delta rule over `num_tokens` tokens: the kernels in Pallas (or interpret) mode; else
-    the recurrence for decode and, for prefill, `prefill_form()`: the chunked form (for matrix
-    units) or the scan, which XLA:CPU runs about twice as fast (at 128 and 1024 tokens)."""
+    """The delta rule over `num_tokens` tokens: the kernels in Pallas (or interpret) mode; else the
+    recurrence for decode, and `prefill_form()` for prefill (XLA:CPU runs the scan 2x faster)."""
     mode = current_mode()
     if mode not in REFERENCE_MODES:
         kernel = functools.partial(delta_rule_kernel, interpret=mode == "interpret")
@@ -163,15 +158,13 @@ def delta_rule(num_tokens: int) -> Callable[..., tuple[jax.Array, jax.Array]]:
 
 
 def first_max(x: jax.Array) -> jax.Array:
-    """Each row's first maximum (`sampling.reference.first_max`): by the kernel in `native` mode
-    for float32 rows (XLA:CPU makes three passes of parallel loops), else by the reference."""
+    """Each row's first maximum: by the native kernel in `native` mode for fp32, else reference."""
     native_rows = current_mode() == "native" and x.dtype == jnp.float32
     return (sampling_native if native_rows else sampling_reference).first_max(x)
 
 
 def prefill_form() -> str:
-    """The reference delta rule's prefill form for programs traced now: the pinned one, else
-    `FLIPJAX_GDN_PREFILL`, else the backend's default."""
+    """The reference delta rule's prefill form: pinned, `FLIPJAX_GDN_PREFILL` or the backend's."""
     form = _pinned_form.get() or os.environ.get(PREFILL_FORM_ENV)
     return form or ("recurrent" if jax.default_backend() == "cpu" else "chunked")
 
@@ -208,6 +201,14 @@ def gated_norm(dtype: jnp.dtype, heads: int, eps: float) -> Callable[..., jax.Ar
         return None
     kernel = functools.partial(gdn_native.gated_norm, native.target("gated_norm"), eps=eps)
     return kernel if mesh is None else head_parallel.per_head(kernel, mesh)
+
+
+def gate(activation: str, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], jax.Array] | None:
+    """`(g, x)` -> `silu(g) * x` or `x * sigmoid(g)` by the native kernels (`pointwise`; XLA:CPU's
+    exp runs scalar beside the product): `native` mode, fp32, one device; else None."""
+    if current_mode() != "native" or not head_parallel.local() or dtype != jnp.float32:
+        return None
+    return functools.partial(pointwise_native.gate, activation)
 
 
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
@@ -269,9 +270,8 @@ def ragged_dot(
     scale: jax.Array | None = None,
 ) -> jax.Array:
     """`jax.lax.ragged_dot(x, w, group_sizes)` for x [M, K] sorted by group and w [G, K, N]:
-    the experts' matmul, in x's dtype; with `scale` [G, N], w is int8, scaled per column.
-
-    In `native` mode by the native kernel (`ragged_matmul.native_binding`) at every row count
+    the experts' matmul, in x's dtype; with `scale` [G, N], w is int8, scaled per column. In
+    `native` mode by the native kernel (`ragged_matmul.native_binding`) at every row count
     (XLA:CPU multiplies each row by every group, copying the weight per call), per device over
     w's shard under `head_parallel.across`, `split` naming what TP splits: "out" (N) or "in" (K,
     partial products summed). Elsewhere XLA's `ragged_dot` runs."""

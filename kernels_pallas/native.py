@@ -54,6 +54,7 @@ SOURCES = {
     "ragged_matmul": PACKAGE / "ragged_matmul" / "ragged_matmul.cc",
     "write_rows": PACKAGE / "paged_attention" / "page_writes.cc",
     "first_max": PACKAGE / "sampling" / "first_max.cc",
+    "silu_mul": PACKAGE / "pointwise" / "gates.cc",
 }
 KERNELS = (
     "gdn_decode",
@@ -72,10 +73,13 @@ KERNELS = (
     "write_rows",
     "read_rows",
     "first_max",
+    "silu_mul",
+    "sigmoid_mul",
 )
 # handlers that share another kernel's source
 SOURCE_OF = {
     "read_rows": "write_rows",
+    "sigmoid_mul": "silu_mul",
     "matmul_bf16": "matmul",
     "matmul_int8": "matmul",
     "paged_decode_bf16": "paged_decode",

@@ -16,6 +16,7 @@ from flax import nnx
 from flipjax.model.config import ModelConfig
 from flipjax.model.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
 from flipjax.model.state_shapes import state_shapes
+from kernels_pallas import dispatch
 from kernels_pallas.paged_attention.reference import masked_attention
 
 
@@ -81,5 +82,7 @@ class Qwen3NextAttention(nnx.Module):
         q = apply_partial_rotary(q, cos, sin)
         k = apply_partial_rotary(k, cos, sin)
         out, cache = cache.update_and_attend(q, k, v, positions)
-        out = out.reshape(b, t, h * d) * jax.nn.sigmoid(gate)
+        out = out.reshape(b, t, h * d)
+        kernel = dispatch.gate("sigmoid", out.dtype) if gate.dtype == out.dtype else None
+        out = kernel(gate, out) if kernel else out * jax.nn.sigmoid(gate)
         return self.o_proj(out), cache

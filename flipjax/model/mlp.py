@@ -27,7 +27,9 @@ class Qwen3NextMLP(nnx.Module):
         self.down_proj = Linear(intermediate, hidden, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        g, up = self.gate_proj(x), self.up_proj(x)
+        kernel = dispatch.gate("silu", g.dtype) if up.dtype == g.dtype else None
+        return self.down_proj(kernel(g, up) if kernel else jax.nn.silu(g) * up)
 
 
 class Qwen3NextExperts(nnx.Module):

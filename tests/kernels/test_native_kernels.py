@@ -155,6 +155,8 @@ def xla_tokens() -> list[list[int]]:
         assert "flipjax_ragged_matmul" not in _decode_program(engine)
         assert "flipjax_conv_pool" not in _decode_program(engine)
         assert "flipjax_gated_norm" not in _decode_program(engine)
+        assert "flipjax_silu_mul" not in _decode_program(engine)
+        assert "flipjax_sigmoid_mul" not in _decode_program(engine)
         return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)]
 
 
@@ -177,6 +179,8 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     assert ("flipjax_matmul" in _decode_program(engine)) == (layout == "single")
     # So too the conv in the conv pools' slots, which then leaves the write program nothing.
     assert ("flipjax_conv_pool" in _decode_program(engine)) == (layout == "single")
+    for gate in ("flipjax_silu_mul", "flipjax_sigmoid_mul"):  # the MLP's and attention's gates
+        assert (gate in _decode_program(engine)) == (layout == "single")
     if layout == "single":
         write = parts(engine).runner.binding.programs(0, (4, 1))[1].as_text()
         assert "flipjax_write_rows" not in write and "scatter" not in write
