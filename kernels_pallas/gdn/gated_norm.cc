@@ -25,7 +25,7 @@ namespace ffi = xla::ffi;
 namespace {
 
 constexpr int64_t kLanes = 16;               // partial sums of squares: one AVX-512 vector
-constexpr int64_t kWorkPerThread = 1 << 15;  // values that pay for waking a thread
+constexpr int64_t kWorkPerThread = 1 << 13;  // values that pay for waking a thread
 
 void Row(const float* x, const float* z, const float* w, float eps, int64_t d, float* out) {
   float partial[kLanes] = {};

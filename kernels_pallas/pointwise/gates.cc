@@ -21,8 +21,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kWorkPerThread = 1 << 16;  // values that pay for waking a thread
-constexpr int64_t kChunk = 1 << 12;          // values a task takes at a time
+constexpr int64_t kWorkPerThread = 1 << 13;  // values that pay for waking a thread
+constexpr int64_t kChunk = 1 << 11;          // values a task takes at a time
 
 template <bool kSilu>
 ffi::Error GateImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> x,
