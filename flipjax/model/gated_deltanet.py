@@ -8,6 +8,7 @@ and comes out explicitly, so prefill, chunked prefill and decode continue one an
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -46,13 +47,32 @@ class GDNState(NamedTuple):
         return rule(q, k, v, g, beta, self.recurrent, valid)
 
     def convolve(
-        self, x: jax.Array, weight: jax.Array, valid: jax.Array
+        self, x: jax.Array, weight: jax.Array, valid: jax.Array, source: Columns | None = None
     ) -> tuple[jax.Array, jax.Array]:
         """The causal conv over the call's inputs from this state: (y, the new conv state).
 
-        A cache that keeps other conv states (a speculative step's, one per position) has the
-        same method."""
+        `source` gives the same inputs as columns of the layer's projection, for a kernel that
+        reads them there (XLA then drops the copies that made x). A cache that keeps other conv
+        states (a speculative step's, one per position) has the same method."""
         return causal_conv(x, weight, self.conv, valid)
+
+
+class Columns(NamedTuple):
+    """A conv's inputs as columns of a wider array: channel i of a token is `array[..., at[i]]`."""
+
+    array: jax.Array
+    at: tuple[int, ...]
+
+
+@functools.cache
+def conv_columns(cfg: ModelConfig) -> tuple[int, ...]:
+    """Where the conv's channels (q, then k, then v, each over the key heads) lie in a row of
+    the qkvz projection, grouped per key head as q (dk), k (dk), v (r*dv), z (r*dv)."""
+    hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+    rdv = cfg.linear_num_value_heads // hk * cfg.linear_value_head_dim
+    group = 2 * dk + 2 * rdv
+    parts = ((0, dk), (dk, 2 * dk), (2 * dk, 2 * dk + rdv))
+    return tuple(h * group + c for lo, hi in parts for h in range(hk) for c in range(lo, hi))
 
 
 def causal_conv(
@@ -110,7 +130,8 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         valid = positions >= 0
 
         # Projections are grouped per key head: q (dk), k (dk), v (r*dv), z (r*dv); b (r), a (r).
-        qkvz = self.in_proj_qkvz(x).reshape(b, t, hk, 2 * dk + 2 * r * dv)
+        projected = self.in_proj_qkvz(x)
+        qkvz = projected.reshape(b, t, hk, 2 * dk + 2 * r * dv)
         q, k = qkvz[..., :dk], qkvz[..., dk : 2 * dk]
         v = qkvz[..., 2 * dk : 2 * dk + r * dv].reshape(b, t, hv, dv)
         z = qkvz[..., 2 * dk + r * dv :].reshape(b, t, hv, dv)
@@ -120,7 +141,8 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         mixed = jnp.concatenate(
             [q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], axis=-1
         )
-        mixed, conv_state = state.convolve(mixed, self.conv1d.weight[...][:, 0, :], valid)
+        source = Columns(projected, conv_columns(cfg))
+        mixed, conv_state = state.convolve(mixed, self.conv1d.weight[...][:, 0, :], valid, source)
         kd = cfg.key_dim
         q = mixed[..., :kd].reshape(b, t, hk, dk)
         k = mixed[..., kd : 2 * kd].reshape(b, t, hk, dk)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flipjax.model.gated_deltanet import causal_conv
+from flipjax.model.gated_deltanet import Columns, causal_conv
 from kernels_pallas import dispatch
 
 
@@ -61,7 +61,7 @@ class ChainedGDN(NamedTuple):
         return jnp.concatenate(outs, axis=1), jnp.stack(states, axis=1)
 
     def convolve(
-        self, x: jax.Array, weight: jax.Array, valid: jax.Array
+        self, x: jax.Array, weight: jax.Array, valid: jax.Array, source: Columns | None = None
     ) -> tuple[jax.Array, jax.Array]:
         """y as a plain step computes it, and the conv state after every position [B, T, K-1,
         C]: the last K-1 inputs up to it."""

@@ -20,6 +20,7 @@ and position -1: their reads are zeros and their writes are dropped.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -27,7 +28,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from flipjax.model.config import FULL_ATTENTION, ModelConfig
-from flipjax.model.gated_deltanet import GDNState, causal_conv
+from flipjax.model.gated_deltanet import Columns, GDNState, causal_conv
 from flipjax.runtime.cache import GDNSlots, KVPages
 from flipjax.runtime.chained_gdn import ChainedGDN
 from flipjax.runtime.stages import ModelParts, StageParams, StageSpan, stage_forward
@@ -91,12 +92,15 @@ class PooledGDN(NamedTuple):
         return GDNState(state, self.conv).advance(q, k, v, g, beta, valid)
 
     def convolve(
-        self, x: jax.Array, weight: jax.Array, valid: jax.Array
+        self, x: jax.Array, weight: jax.Array, valid: jax.Array, source: Columns | None = None
     ) -> tuple[jax.Array, jax.Array]:
-        """y and the rows' new conv states, or with `conv_pool` the pool holding them."""
+        """y and the rows' new conv states, or with `conv_pool` the pool holding them (the
+        native kernel reading x's channels from `source` where it is given)."""
         if self.conv_pool is None:
             return causal_conv(x, weight, self.conv, valid)
         native = dispatch.pooled_conv(self.conv_pool.dtype)
+        if source is not None and source.array.dtype == x.dtype:
+            x, native = source.array, functools.partial(native, columns=source.at)
         return native(self.conv_pool, self.reads, self.writes, x, weight, valid)
 
 

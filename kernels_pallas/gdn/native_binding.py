@@ -62,29 +62,42 @@ def pooled_conv(
     x: jax.Array,
     weight: jax.Array,
     valid: jax.Array,
+    columns: np.ndarray | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The causal conv and SiLU over each row's pooled conv window, in slots
     (`conv_pool.cc`, beside this file).
 
     pool: [S, K-1, C] fp32, each slot a row's last K-1 conv inputs; reads, writes: [B], the
     slot each row's window comes from and the one its new window goes to (outside [0, S): a zero
-    window, and dropped); x: [B, T, C] fp32; weight: [C, K]; valid: [B, T], each row's real
-    tokens first. Rows must write distinct slots and read none but their own. Returns y:
-    [B, T, C], as `causal_conv` computes it, and the pool with each row's new window (the input
-    pool's buffer where it is donated).
+    window, and dropped); x: [B, T, C] fp32, or [B, T, W] with `columns` (int [C], static):
+    channel i of a token is its column columns[i] (read in place, not copied out first); weight:
+    [C, K]; valid: [B, T], each row's real tokens first. Rows must write distinct slots and read
+    none but their own. Returns y: [B, T, C], as `causal_conv` computes it, and the pool with each
+    row's new window (the input pool's buffer where it is donated).
     """
     if pool.dtype != jnp.float32 or x.dtype != jnp.float32:
         raise ValueError(f"conv pool: the pool and x must be float32, got {pool.dtype}, {x.dtype}")
+    channels = pool.shape[-1]
+    columns = np.arange(x.shape[-1]) if columns is None else np.asarray(columns)
+    if columns.shape != (channels,) or not ((0 <= columns) & (columns < x.shape[-1])).all():
+        raise ValueError(
+            f"conv pool: need a column of x's {x.shape[-1]} for each of the pool's {channels} "
+            f"channels, got columns of shape {columns.shape}"
+        )
     lengths = jnp.sum(valid.astype(jnp.int32), axis=1)
     y, pool = jax.ffi.ffi_call(
         target,
-        (jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(pool.shape, pool.dtype)),
+        (
+            jax.ShapeDtypeStruct((*x.shape[:2], channels), jnp.float32),
+            jax.ShapeDtypeStruct(pool.shape, pool.dtype),
+        ),
         input_output_aliases={0: 1},
     )(
         pool,
         reads.astype(jnp.int32),
         writes.astype(jnp.int32),
         x,
+        jnp.asarray(columns, jnp.int32),
         weight.astype(jnp.float32),
         lengths,
     )

@@ -184,6 +184,9 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
     if layout == "single":
         write = parts(engine).runner.binding.programs(0, (4, 1))[1].as_text()
         assert "flipjax_write_rows" not in write and "scatter" not in write
+        # The conv reads q, k and v in the projection's rows: no copy concatenates them.
+        conv_dim = engine.info.model.conv_dim
+        assert f"f32[4,1,{conv_dim}]{{2,1,0}} concatenate" not in _decode_program(engine)
     if layout == "single":
         assert "flipjax_matmul" not in _decode_program(engine, rows=1)  # XLA's matvec
         prefill, _ = parts(engine).runner.binding.programs(0, (1, 64))  # 64 rows: XLA's GEMM
