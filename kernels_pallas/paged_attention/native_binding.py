@@ -34,12 +34,14 @@ def decode(
     positions: jax.Array,
     k_scale: jax.Array | None = None,
     v_scale: jax.Array | None = None,
+    isa: str | None = None,
 ) -> jax.Array:
     """q [B, 1, H, D] attends to each row's cached positions 0..positions[:, 0] in k/v pages
     [P, page_size, Hkv, D] through page_table [B, W]; [B, 1, H, D] in q's dtype. A row at
     position -1 is padding (its output is zero). Pages are float32 or bfloat16 (no scales), or
     int8 or float8_e4m3fn with k_scale and v_scale float32 [P, Hkv], both required: element
-    [p, s, h, d] is worth pages[p, s, h, d] * scale[p, h]."""
+    [p, s, h, d] is worth pages[p, s, h, d] * scale[p, h]. The kernel is the one built for `isa`
+    (see `native.ISAS`; default `native.build_isa()`)."""
     b, t, h, d = q.shape
     if t != 1 or k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
         raise ValueError(
@@ -55,7 +57,7 @@ def decode(
     check_scales(k_pages, v_pages, k_scale, v_scale)
     scales = () if k_scale is None else (k_scale, v_scale)
     out = jax.ffi.ffi_call(
-        native.target(HANDLERS[dtype]), jax.ShapeDtypeStruct((b, h, d), jnp.float32)
+        native.target(HANDLERS[dtype], isa), jax.ShapeDtypeStruct((b, h, d), jnp.float32)
     )(
         q[:, 0].astype(jnp.float32),
         k_pages,

@@ -137,6 +137,58 @@ void EachRun(const Shape& s, const T* pool, const float* page_scales, const int3
   }
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
+typedef int32_t Lanes __attribute__((vector_size(kBlock * sizeof(int32_t))));
+
+// One stage of a square transpose in registers: for rows a and b = a + h (a's bit h clear),
+// element (a, c + h) trades places with (b, c), for every c whose bit h is clear. A stage for
+// each bit of a row's index transposes the rows.
+template <int64_t h>
+inline void TransposeStage(Block* rows) {
+  Lanes first, second;
+  for (int64_t c = 0; c < kBlock; ++c) {
+    first[c] = static_cast<int32_t>((c & h) ? kBlock + (c ^ h) : c);
+    second[c] = static_cast<int32_t>((c & h) ? kBlock + c : (c ^ h));
+  }
+  for (int64_t a = 0; a < kBlock; ++a) {
+    if (a & h) continue;
+    const Block x = rows[a], y = rows[a | h];
+    rows[a] = __builtin_shuffle(x, y, first);
+    rows[a | h] = __builtin_shuffle(x, y, second);
+  }
+}
+#endif
+
+// The m <= kBlock keys from `keys` (each `stride` apart) into `transposed` [d, kBlock], widened
+// to floats, zeros after the m-th. Float keys whose d is a multiple of kBlock go a square of
+// kBlock x kBlock at a time through registers: one element at a time, the copy took longer
+// than the scores it serves.
+template <typename T>
+void Transpose(const T* keys, int64_t stride, int64_t m, int64_t d, float* transposed) {
+#if defined(__GNUC__) && !defined(__clang__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (d % kBlock == 0) {
+      for (int64_t c = 0; c < d; c += kBlock) {
+        Block rows[kBlock];
+        for (int64_t jj = 0; jj < kBlock; ++jj) {
+          rows[jj] = jj < m ? LoadBlock(keys + jj * stride + c) : Block{};
+        }
+        TransposeStage<1>(rows);
+        TransposeStage<2>(rows);
+        TransposeStage<4>(rows);
+        if constexpr (kBlock == 16) TransposeStage<8>(rows);
+        std::memcpy(transposed + c * kBlock, rows, sizeof rows);
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t jj = 0; jj < kBlock; ++jj) {
+    const T* x = keys + jj * stride;
+    for (int64_t i = 0; i < d; ++i) transposed[i * kBlock + jj] = jj < m ? Widen(x[i]) : 0.0f;
+  }
+}
+
 // scores[g, j] = q'[g] . k_j for a block of up to kBlock positions of one page (`keys` is that
 // page's first position of the block; the block's scale `scale`): the keys are copied, widened,
 // into `transposed` [d, kBlock], so that each query's dot is kBlock lanes of multiply-adds over
@@ -145,10 +197,7 @@ void EachRun(const Shape& s, const T* pool, const float* page_scales, const int3
 template <typename T>
 void BlockScores(const float* scaled, int64_t group, int64_t d, const T* keys, int64_t stride,
                  int64_t m, float scale, float* transposed, float* scores, int64_t n) {
-  for (int64_t jj = 0; jj < kBlock; ++jj) {
-    const T* x = keys + jj * stride;
-    for (int64_t i = 0; i < d; ++i) transposed[i * kBlock + jj] = jj < m ? Widen(x[i]) : 0.0f;
-  }
+  Transpose(keys, stride, m, d, transposed);
   for (int64_t g = 0; g < group; ++g) {
     const float* qg = scaled + g * d;
     Block sum[4] = {};  // over i mod 4: four chains of multiply-adds instead of one

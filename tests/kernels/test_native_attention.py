@@ -8,6 +8,8 @@ Its engine use (every layout decodes to the reference tokens with it) is in
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kernels_pallas import dispatch, head_parallel
+from kernels_pallas import dispatch, head_parallel, native
 from kernels_pallas.paged_attention import native_binding as attention_native
 from kernels_pallas.paged_attention.reference import paged_attention_reference
 
@@ -56,12 +58,17 @@ def test_decode_is_the_reference_attention(dtype, kv_heads, group, dim):
     assert not np.any(np.asarray(got[-1], np.float32)), "a padding row's output is zero"
 
 
-@pytest.mark.parametrize("page", [8, 24, 40])
-def test_pages_of_any_size_against_the_reference(page):
+@pytest.mark.parametrize("isa", sorted(native.ISAS))
+@pytest.mark.parametrize("page,dim", [(8, 64), (24, 64), (40, 128), (24, 40)])
+def test_pages_of_any_size_against_the_reference(isa, page, dim):
     # The kernel takes scores a vector of positions at a time within a page: pages of half a
-    # vector, of one and a half (a block of a page's last few) and of several.
-    q, k, v, table, positions = case(jnp.float32, 2, 3, 64, page=page)
-    got = jax.jit(attention_native.decode)(q, k, v, table, positions)
+    # vector, of one and a half (a block of a page's last few) and of several; keys go through
+    # registers a square of vectors at a time where the head is whole vectors (not 40).
+    if not native.runs_here(isa):
+        pytest.skip(f"this CPU lacks the features of {isa}: {native.ISA_NEEDS[isa]}")
+    q, k, v, table, positions = case(jnp.float32, 2, 3, dim, page=page)
+    decode = functools.partial(attention_native.decode, isa=isa)
+    got = jax.jit(decode)(q, k, v, table, positions)
     want = paged_attention_reference(q, k, v, table, positions)
     np.testing.assert_allclose(got[:-1], want[:-1], rtol=1e-5, atol=1e-5)
 
