@@ -177,7 +177,9 @@ void Transpose(const T* keys, int64_t stride, int64_t m, int64_t d, float* trans
         TransposeStage<2>(rows);
         TransposeStage<4>(rows);
         if constexpr (kBlock == 16) TransposeStage<8>(rows);
-        std::memcpy(transposed + c * kBlock, rows, sizeof rows);
+        for (int64_t ii = 0; ii < kBlock; ++ii) {  // a store a row (one copy of all: a rep movs)
+          std::memcpy(transposed + (c + ii) * kBlock, &rows[ii], sizeof(Block));
+        }
       }
       return;
     }
