@@ -199,4 +199,9 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
         assert "flipjax_gdn_decode" in step.as_text()
     if layout == "tp:2":
         assert gathers_of_pools(engine, (4, 1)) == []
+        # The gated norm per device over its half of the heads, not on gathered operands.
+        cfg = engine.info.model
+        half = f"f32[4,1,{cfg.linear_num_value_heads // 2},{cfg.linear_value_head_dim}]"
+        norms = [x for x in _decode_program(engine).splitlines() if "flipjax_gated_norm" in x]
+        assert norms and all(f"= {half}" in x for x in norms)
     engine.check()
