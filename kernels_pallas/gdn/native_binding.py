@@ -10,6 +10,8 @@ The inputs are prepared here exactly as `reference` prepares them, so the kernel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,7 +64,7 @@ def pooled_conv(
     x: jax.Array,
     weight: jax.Array,
     valid: jax.Array,
-    columns: np.ndarray | None = None,
+    columns: Sequence[int] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The causal conv and SiLU over each row's pooled conv window, in slots
     (`conv_pool.cc`, beside this file).
