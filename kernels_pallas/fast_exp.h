@@ -1,5 +1,6 @@
-// e^x as branch-free arithmetic, so that a loop over it is vectorized at the build's width
-// (a call to the C library's expf leaves the loop scalar), shared by the native kernels.
+// e^x and the logistic sigmoid as branch-free arithmetic, so that a loop over them is vectorized
+// at the build's width (a call to the C library's expf leaves the loop scalar), shared by the
+// native kernels.
 #pragma once
 
 #include <algorithm>
@@ -28,5 +29,8 @@ inline float Exp(float x) {
   std::memcpy(&scale, &bits, sizeof(scale));
   return er * scale;
 }
+
+// 1 / (1 + e^-x), in the order XLA expands `jax.nn.sigmoid` (and so SiLU, x * sigmoid(x)).
+inline float Sigmoid(float x) { return 1.0f / (1.0f + Exp(-x)); }
 
 }  // namespace flipjax

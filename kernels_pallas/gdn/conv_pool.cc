@@ -79,7 +79,7 @@ struct Conv {
         const float* tap = taps + j * c;
         for (int64_t i = 0; i < c; ++i) out[i] += in[i] * tap[i];
       }
-      for (int64_t i = 0; i < c; ++i) out[i] *= 1.0f / (1.0f + flipjax::Exp(-out[i]));
+      for (int64_t i = 0; i < c; ++i) out[i] *= flipjax::Sigmoid(out[i]);
     }
     if (writes[b] < 0 || writes[b] >= slots) return;
     // The new window, row by row from the lowest: a row never comes from a lower row of the

@@ -38,7 +38,7 @@ void Row(const float* x, const float* z, const float* w, float eps, int64_t d, f
   for (; i < d; ++i) sum += x[i] * x[i];
   const float r = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
   for (int64_t j = 0; j < d; ++j) {
-    const float silu = z[j] * (1.0f / (1.0f + flipjax::Exp(-z[j])));
+    const float silu = z[j] * flipjax::Sigmoid(z[j]);
     out[j] = (w[j] * (x[j] * r)) * silu;
   }
 }

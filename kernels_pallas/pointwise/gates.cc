@@ -39,7 +39,7 @@ ffi::Error GateImpl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> g, ffi::Buffe
                        [=](int64_t first, int64_t last) {
                          const int64_t end = std::min(n, last * kChunk);
                          for (int64_t i = first * kChunk; i < end; ++i) {
-                           const float sigmoid = 1.0f / (1.0f + flipjax::Exp(-gs[i]));
+                           const float sigmoid = flipjax::Sigmoid(gs[i]);
                            ys[i] = kSilu ? (gs[i] * sigmoid) * xs[i] : xs[i] * sigmoid;
                          }
                        });
