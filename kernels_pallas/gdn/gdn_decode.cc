@@ -30,19 +30,30 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+constexpr int64_t kLineFloats = 16;  // a 64-byte cache line
+
 struct Shapes {
   int64_t slots, heads, tokens, dk, dv;
 };
 
 // One (row, head): the old state is `src` (null for a zero state), the new one goes to `dst`.
+// `next` (or null) is the state the thread steps after this one: each of its rows is requested
+// into L2 while this state's first pass runs, so reading memory overlaps the arithmetic. The
+// hardware's prefetchers start afresh at every 4 KB page of a 16 KB state; with the request,
+// a decode step's states (in-process, 9 layers of 12 heads, 190 MB of pools) streamed 15-20%
+// faster at 8 and 32 rows, on the AVX-512 and the AVX2 build alike.
 void StepHead(const float* src, const float* q, const float* k, const float* v, float alpha,
-              float beta, int64_t dk, int64_t dv, float* dst, float* out, float* scratch) {
+              float beta, int64_t dk, int64_t dv, float* dst, float* out, float* scratch,
+              const float* next) {
   float* kv_mem = scratch;
   std::fill(kv_mem, kv_mem + dv, 0.0f);
   if (src != nullptr) {
     for (int64_t i = 0; i < dk; ++i) {
       const float* row = src + i * dv;
       const float ki = k[i];
+      if (next != nullptr) {
+        for (int64_t j = 0; j < dv; j += kLineFloats) __builtin_prefetch(next + i * dv + j, 0, 2);
+      }
       for (int64_t j = 0; j < dv; ++j) kv_mem[j] += (row[j] * alpha) * ki;
     }
   }
@@ -81,6 +92,8 @@ struct Work {
     for (int64_t item = first; item < last; ++item) {
       const int64_t b = item / s.heads, h = item % s.heads;
       const float* src = At(reads[b], h);
+      const int64_t after = item + 1;
+      const float* next = after < last ? At(reads[after / s.heads], after % s.heads) : nullptr;
       for (int64_t t = 0; t < s.tokens; ++t) {
         const int64_t at = item * s.tokens + t;  // (b, h, t) in the head-major inputs
         float* dst = At(writes[b * s.tokens + t], h);
@@ -89,7 +102,7 @@ struct Work {
           break;
         }
         StepHead(src, q + at * s.dk, k + at * s.dk, v + at * s.dv, alpha[at], beta[at], s.dk,
-                 s.dv, dst, out + at * s.dv, scratch.get());
+                 s.dv, dst, out + at * s.dv, scratch.get(), t + 1 == s.tokens ? next : nullptr);
         src = dst;
       }
     }
