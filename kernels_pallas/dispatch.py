@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,8 +42,7 @@ PREFILL_FORM_ENV = "FLIPJAX_GDN_PREFILL"
 MODES = ("pallas", "native", "reference", "interpret")
 REFERENCE_MODES = ("native", "reference")  # the pure-JAX forms run wherever no kernel does
 NATIVE_MATMUL_MIN_COLUMNS = 128
-# A verify step's positions per row, at most (prefill chunks are never this short).
-VERIFY_TOKENS = 8
+VERIFY_TOKENS = 8  # a verify step's positions per row, at most (no prefill chunk is as short)
 StateKernel = Callable[..., tuple[jax.Array, jax.Array]]  # (output, the pool updated in place)
 
 _pinned: contextvars.ContextVar[str | None] = contextvars.ContextVar("kernels", default=None)
@@ -72,8 +71,7 @@ def current_mode() -> str:
 
 @contextlib.contextmanager
 def kernels(mode: str, prefill_form: str | None = None) -> Iterator[None]:
-    """Pins the mode, and the reference delta rule's prefill form ("chunked" or "recurrent",
-    over `FLIPJAX_GDN_PREFILL`), for programs traced inside."""
+    """Pins the mode and the reference delta rule's prefill form for programs traced inside."""
     tokens = (_pinned.set(_checked(mode, "kernels()")), _pinned_form.set(prefill_form))
     try:
         yield
@@ -110,8 +108,8 @@ def paged_attention(
 
 
 def _native_here() -> bool:
-    """Whether the native kernels run for a program traced now: `native` mode, on one device or
-    per device under `head_parallel.across` (the partitioner would gather a custom call's whole)."""
+    """Whether native kernels run in a program traced now: `native` mode, one device or per
+    device under `head_parallel.across`."""
     native_mode = current_mode() == "native"
     return native_mode and (head_parallel.current() is not None or head_parallel.local())
 
@@ -170,11 +168,9 @@ def prefill_form() -> str:
 
 
 def pooled_delta_rule(key_heads: int, value_heads: int) -> StateKernel | None:
-    """The native kernel advancing pooled GDN states in their slots token by token
-    (`gdn.native_binding.pooled_decode`; decode, verify and prefill: XLA's scan took 4 ms a layer
-    for a 128-token chunk of 12 heads, the kernel 1), or None (the caller gathers the rows, runs
-    `delta_rule`, writes them back): `native` mode, per device under `head_parallel.across`
-    where both head counts split evenly."""
+    """The native kernel advancing pooled GDN states in their slots (`gdn.native_binding`; XLA's
+    scan took 4 ms a layer for a 128-token chunk, the kernel 1) in `native` mode, per device where
+    both head counts split evenly; else None (the caller gathers rows for `delta_rule`)."""
     if current_mode() != "native":
         return None
     mesh = head_parallel.current()
@@ -193,9 +189,8 @@ def pooled_conv(dtype: jnp.dtype) -> StateKernel | None:
 
 
 def gated_norm(dtype: jnp.dtype, heads: int, eps: float) -> Callable[..., jax.Array] | None:
-    """The GDN output norm `(x, z, weight)` over [..., heads, D] by the native kernel
-    (`gdn.native_binding.gated_norm`; XLA:CPU's exp is scalar there): `native` mode, fp32, per
-    device under `head_parallel.across` where heads split evenly; else None (`RMSNormGated`)."""
+    """The GDN output norm `(x, z, weight)` by the native kernel (XLA:CPU's exp is scalar there):
+    `native` mode, fp32, per device where heads split evenly; else None (`RMSNormGated`)."""
     mesh = head_parallel.current()
     if not _native_here() or dtype != jnp.float32 or (mesh is not None and heads % mesh.size):
         return None
@@ -212,17 +207,24 @@ def gate(activation: str, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], 
 
 
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
-    """The native kernel for `x [rows, K] @ w [K, columns]`, w of `dtype`, x fp32
-    (`matmul.native_binding.matmul`), or None where XLA's dot runs: `native` mode, for the rows
-    this machine's calibration gives the dtype and width (`matmul.calibration.native_rows`), over
-    `NATIVE_MATMUL_MIN_COLUMNS` columns or more, on one device (under a mesh the partitioner
-    would gather the weight whole for a custom call)."""
+    """The native kernel for fp32 `x [rows, K] @ w [K, columns]` (`matmul.native_binding`), or
+    None (XLA's dot): `native` mode, one device (the partitioner would gather a custom call's
+    weight), the rows this machine's calibration gives the dtype and width, and enough columns."""
     if not head_parallel.local() or current_mode() != "native":  # cheapest question first
         return None
     calibrated = matmul_calibration.native_rows(dtype, columns=columns)  # none for int8
     if columns < NATIVE_MATMUL_MIN_COLUMNS or step_rows.decode_rows(rows) not in calibrated:
         return None
     return functools.partial(matmul_native.matmul, matmul_native.targets())
+
+
+def matmuls(rows: int, columns: Sequence[int], dtype: jnp.dtype) -> Callable[..., tuple] | None:
+    """The native kernel for one x times weights of `columns` (`matmul_native.matmuls`: a call
+    for all) where `matmul` offers it for their columns together; else None."""
+    if jnp.dtype(dtype) not in matmul_native.SEVERAL or matmul(rows, sum(columns), dtype) is None:
+        return None
+    targets = matmul_native.targets(None, matmul_native.SEVERAL)
+    return functools.partial(matmul_native.matmuls, targets)
 
 
 def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str) -> jax.Array:
@@ -269,12 +271,10 @@ def ragged_dot(
     split: str,
     scale: jax.Array | None = None,
 ) -> jax.Array:
-    """`jax.lax.ragged_dot(x, w, group_sizes)` for x [M, K] sorted by group and w [G, K, N]:
-    the experts' matmul, in x's dtype; with `scale` [G, N], w is int8, scaled per column. In
-    `native` mode by the native kernel (`ragged_matmul.native_binding`) at every row count
-    (XLA:CPU multiplies each row by every group, copying the weight per call), per device over
-    w's shard under `head_parallel.across`, `split` naming what TP splits: "out" (N) or "in" (K,
-    partial products summed). Elsewhere XLA's `ragged_dot` runs."""
+    """`jax.lax.ragged_dot(x, w, group_sizes)` (x [M, K] sorted by group, w [G, K, N]; with
+    `scale` [G, N], w is int8 scaled per column) in x's dtype. `native` mode: the native kernel
+    (XLA:CPU multiplies each row by every group), per device under `head_parallel.across`,
+    `split` naming what TP splits: "out" (N) or "in" (K, partial sums summed)."""
     if split not in ("in", "out"):
         raise ValueError(f"ragged_dot: split must be 'in' or 'out', got {split!r}")
     if not _native_here():

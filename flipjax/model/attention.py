@@ -14,7 +14,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
-from flipjax.model.layers import Linear, RMSNorm, apply_partial_rotary, rotary_cos_sin
+from flipjax.model.layers import (
+    Linear,
+    RMSNorm,
+    apply_partial_rotary,
+    project,
+    rotary_cos_sin,
+)
 from flipjax.model.state_shapes import state_shapes
 from kernels_pallas import dispatch
 from kernels_pallas.paged_attention.reference import masked_attention
@@ -73,11 +79,12 @@ class Qwen3NextAttention(nnx.Module):
         b, t, _ = x.shape
         h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         # Query and gate are interleaved per head: [.., heads, 2 * head_dim].
-        qg = self.q_proj(x).reshape(b, t, h, 2 * d)
+        qg, k, v = project(x, self.q_proj, self.k_proj, self.v_proj)
+        qg = qg.reshape(b, t, h, 2 * d)
         q, gate = qg[..., :d], qg[..., d:].reshape(b, t, h * d)
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).reshape(b, t, hkv, d))
-        v = self.v_proj(x).reshape(b, t, hkv, d)
+        k = self.k_norm(k.reshape(b, t, hkv, d))
+        v = v.reshape(b, t, hkv, d)
         cos, sin = rotary_cos_sin(cfg, jnp.maximum(positions, 0))
         q = apply_partial_rotary(q, cos, sin)
         k = apply_partial_rotary(k, cos, sin)

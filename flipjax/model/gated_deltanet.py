@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
-from flipjax.model.layers import Linear, RMSNormGated
+from flipjax.model.layers import Linear, RMSNormGated, project
 from flipjax.model.state_shapes import RECURRENT_DTYPE, state_shapes
 from kernels_pallas import dispatch
 
@@ -130,12 +130,12 @@ class Qwen3NextGatedDeltaNet(nnx.Module):
         valid = positions >= 0
 
         # Projections are grouped per key head: q (dk), k (dk), v (r*dv), z (r*dv); b (r), a (r).
-        projected = self.in_proj_qkvz(x)
+        projected, ba = project(x, self.in_proj_qkvz, self.in_proj_ba)
         qkvz = projected.reshape(b, t, hk, 2 * dk + 2 * r * dv)
         q, k = qkvz[..., :dk], qkvz[..., dk : 2 * dk]
         v = qkvz[..., 2 * dk : 2 * dk + r * dv].reshape(b, t, hv, dv)
         z = qkvz[..., 2 * dk + r * dv :].reshape(b, t, hv, dv)
-        ba = self.in_proj_ba(x).reshape(b, t, hk, 2 * r)
+        ba = ba.reshape(b, t, hk, 2 * r)
         beta_logit, a = ba[..., :r].reshape(b, t, hv), ba[..., r:].reshape(b, t, hv)
 
         mixed = jnp.concatenate(

@@ -55,6 +55,22 @@ class Linear(nnx.Module):
         return xla_matmul(x, w)
 
 
+def project(x: jax.Array, *linears: Linear) -> tuple[jax.Array, ...]:
+    """`linear(x)` for each of `linears`, which share x (a layer's projections): one call of
+    the native kernel for them all where it takes their rows and columns together
+    (`dispatch.matmuls`), so a decode step pays one dispatch and XLA runs no narrow dot beside
+    it (a GDN layer's 24-column `in_proj_ba`); else each Linear in turn. A weight's product is
+    the same in one call or in its own."""
+    ws = [linear.kernel[...] for linear in linears]  # int8 ones (quantized) run each their own
+    rows = math.prod(x.shape[:-1])
+    if len({w.dtype for w in ws}) == 1:
+        native = dispatch.matmuls(rows, [w.shape[1] for w in ws], ws[0].dtype)
+        if native is not None:
+            ys = native(x.reshape(rows, -1).astype(jnp.float32), ws)
+            return tuple(y.astype(x.dtype).reshape(*x.shape[:-1], y.shape[1]) for y in ys)
+    return tuple(linear(x) for linear in linears)
+
+
 class Embedding(nnx.Module):
     """weight: [vocab, hidden]."""
 

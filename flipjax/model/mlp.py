@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from flipjax.model.config import ModelConfig
-from flipjax.model.layers import Linear
+from flipjax.model.layers import Linear, project
 from kernels_pallas import dispatch
 from kernels_pallas.matmul.token_rounding import round_tokens_to_int8
 
@@ -27,7 +27,10 @@ class Qwen3NextMLP(nnx.Module):
         self.down_proj = Linear(intermediate, hidden, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        g, up = self.gate_proj(x), self.up_proj(x)
+        return self.down(*project(x, self.gate_proj, self.up_proj))
+
+    def down(self, g: jax.Array, up: jax.Array) -> jax.Array:
+        """The MLP's output from its gate and up projections of x."""
         kernel = dispatch.gate("silu", g.dtype) if up.dtype == g.dtype else None
         return self.down_proj(kernel(g, up) if kernel else jax.nn.silu(g) * up)
 
@@ -90,11 +93,14 @@ class Qwen3NextSparseMoeBlock(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        logits = self.gate(x)
+        shared = self.shared_expert
+        # Everything that reads x, in one call where the native kernel takes it.
+        logits, g, up, shared_gate = project(
+            x, self.gate, shared.gate_proj, shared.up_proj, self.shared_expert_gate
+        )
         probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         top_w, top_idx = jax.lax.top_k(probs, self.cfg.num_experts_per_tok)
         if self.cfg.norm_topk_prob:
             top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
         routed = self.experts(x, top_idx, top_w.astype(x.dtype))
-        shared = jax.nn.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return (routed + shared).reshape(shape)
+        return (routed + jax.nn.sigmoid(shared_gate) * shared.down(g, up)).reshape(shape)

@@ -12,6 +12,8 @@ flipjax.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import jax
 import jax.numpy as jnp
 
@@ -22,12 +24,17 @@ HANDLERS = {
     jnp.dtype(jnp.bfloat16): "matmul_bf16",
     jnp.dtype(jnp.int8): "matmul_int8",
 }
+# Several weights of one dtype times one x in a call (`matmuls`).
+SEVERAL = {jnp.dtype(jnp.float32): "matmuls", jnp.dtype(jnp.bfloat16): "matmuls_bf16"}
 
 
-def targets(isa: str | None = None) -> dict[jnp.dtype, str]:
-    """The FFI target for each weight dtype, built for `isa` (see `native.ISAS`; default
-    `native.build_isa()`) and registered on first use."""
-    return {dtype: native.target(name, isa) for dtype, name in HANDLERS.items()}
+def targets(
+    isa: str | None = None, handlers: dict[jnp.dtype, str] = HANDLERS
+) -> dict[jnp.dtype, str]:
+    """The FFI target for each weight dtype (of `handlers`: `HANDLERS`, or `SEVERAL` for
+    `matmuls`), built for `isa` (see `native.ISAS`; default `native.build_isa()`) and registered
+    on first use."""
+    return {dtype: native.target(name, isa) for dtype, name in handlers.items()}
 
 
 def matmul(targets: dict[jnp.dtype, str], x: jax.Array, w: jax.Array) -> jax.Array:
@@ -42,3 +49,24 @@ def matmul(targets: dict[jnp.dtype, str], x: jax.Array, w: jax.Array) -> jax.Arr
         )
     out = jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32)
     return jax.ffi.ffi_call(targets[w.dtype], out)(x, w)
+
+
+def matmuls(
+    targets: dict[jnp.dtype, str], x: jax.Array, weights: Sequence[jax.Array]
+) -> tuple[jax.Array, ...]:
+    """`x @ w` for each of `weights` ([K, N_i], all float32 or all bfloat16), in one call of the
+    FFI target `targets` (`targets(handlers=SEVERAL)`) names for their dtype: each [M, N_i]
+    float32, bit for bit `matmul`'s product of that weight."""
+    if not weights:
+        raise ValueError("native matmuls: need at least one weight")
+    dtypes = {w.dtype for w in weights}
+    if x.ndim != 2 or x.dtype != jnp.float32 or len(dtypes) != 1 or dtypes - set(targets):
+        raise ValueError(
+            f"native matmuls: x must be float32 [M, K] and the weights all one of "
+            f"{sorted(map(str, targets))}, got {x.dtype} {x.shape} and {sorted(map(str, dtypes))}"
+        )
+    for w in weights:
+        if w.ndim != 2 or w.shape[0] != x.shape[1] or w.shape[0] == 0:
+            raise ValueError(f"native matmuls: need weights [K, N] for x {x.shape}, got {w.shape}")
+    outs = tuple(jax.ShapeDtypeStruct((x.shape[0], w.shape[1]), jnp.float32) for w in weights)
+    return tuple(jax.ffi.ffi_call(targets[weights[0].dtype], outs)(x, *weights))

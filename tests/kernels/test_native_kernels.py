@@ -188,6 +188,10 @@ def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layo
         conv_dim = engine.info.model.conv_dim
         assert f"f32[4,1,{conv_dim}]{{2,1,0}} concatenate" not in _decode_program(engine)
     if layout == "single":
+        # Projections of one input share a call, so no narrow one is left to XLA's dot (a GDN
+        # layer's in_proj_ba, the router and the shared expert's gate).
+        assert "flipjax_matmuls" in _decode_program(engine)
+        assert " dot(" not in _decode_program(engine)
         assert "flipjax_matmul" not in _decode_program(engine, rows=1)  # XLA's matvec
         prefill, _ = parts(engine).runner.binding.programs(0, (1, 64))  # 64 rows: XLA's GEMM
         assert "flipjax_matmul" not in prefill.as_text()
