@@ -116,20 +116,40 @@ struct Scratch {
   std::vector<float> scaled, scores, row, keys, inverse;
 };
 
+// Row b's KV head kv in `page` of `pool`: its first position (a page holds its positions
+// `kv_heads * dim` elements apart).
+template <typename T>
+const T* PageAt(const Shape& s, const T* pool, int64_t page, int64_t kv) {
+  return pool + (page * s.page_size * s.kv_heads + kv) * s.dim;
+}
+
 // Positions 0..n-1 of row b's KV head kv in `pool`, page by page, in runs of at most `run`
 // positions of one page: f(j, x, m, scale) for each run's first position j, its values x (a
 // page holds its positions `stride` elements apart), its length m and its page's scale (8-bit
 // pages; 1 for float ones, which have none, so it folds away). Found one position at a time by
 // dividing it by the page size, each read had cost two integer divisions.
+//
+// With `ahead`, the next page's positions are requested into L2 as a page is begun: a row's
+// pages lie anywhere in the pool, so the hardware's prefetchers cannot follow from one to the
+// next (keys read so, from memory: 6-10% faster at 8 and 32 rows; the values are walked once
+// per query of the group and gain nothing).
 template <typename T, typename F>
 void EachRun(const Shape& s, const T* pool, const float* page_scales, const int32_t* table,
-             int64_t b, int64_t kv, int64_t n, int64_t run, F f) {
+             int64_t b, int64_t kv, int64_t n, int64_t run, F f, bool ahead = false) {
   const int64_t stride = s.kv_heads * s.dim;
+  const int64_t line = 64 / sizeof(T);
   for (int64_t j0 = 0; j0 < n; j0 += s.page_size) {
     const int64_t page = table[b * s.width + j0 / s.page_size];
+    if (ahead && j0 + s.page_size < n) {
+      const T* next = PageAt(s, pool, table[b * s.width + j0 / s.page_size + 1], kv);
+      const int64_t positions = std::min(s.page_size, n - j0 - s.page_size);
+      for (int64_t j = 0; j < positions; ++j) {
+        for (int64_t i = 0; i < s.dim; i += line) __builtin_prefetch(next + j * stride + i, 0, 2);
+      }
+    }
     float scale = 1.0f;
     if constexpr (kEightBit<T>) scale = page_scales[page * s.kv_heads + kv];
-    const T* x = pool + (page * s.page_size * s.kv_heads + kv) * s.dim;
+    const T* x = PageAt(s, pool, page, kv);
     const int64_t last = std::min(n, j0 + s.page_size);
     for (int64_t j = j0; j < last; j += run, x += run * stride) {
       f(j, x, std::min(run, last - j), scale);
@@ -267,7 +287,7 @@ void Attend(const Shape& s, const float* q, const T* k, const T* v, Scales scale
     EachRun(s, k, scales.k, table, b, kv, n, kBlock, [&](int64_t j, const T* x, int64_t m,
                                                          float ks) {
       BlockScores(scaled, group, d, x, stride, m, ks, scratch.keys.data(), scores + j, n);
-    });
+    }, /*ahead=*/true);
   } else {
     EachRun(s, k, scales.k, table, b, kv, n, 1, [&](int64_t j, const T* x, int64_t, float ks) {
       const auto* kj = floats(x);
