@@ -59,8 +59,8 @@ def project(x: jax.Array, *linears: Linear) -> tuple[jax.Array, ...]:
     """`linear(x)` for each of `linears`, which share x (a layer's projections): one call of
     the native kernel for them all where it takes their rows and columns together
     (`dispatch.matmuls`), so a decode step pays one dispatch and XLA runs no narrow dot beside
-    it (a GDN layer's 24-column `in_proj_ba`); else each Linear in turn. A weight's product is
-    the same in one call or in its own."""
+    it (a GDN layer's 24-column `in_proj_ba`); else each Linear in turn. Each product is the
+    kernel's for that weight alone, bit for bit (a narrow one's: not XLA's dot, as alone)."""
     ws = [linear.kernel[...] for linear in linears]  # int8 ones (quantized) run each their own
     rows = math.prod(x.shape[:-1])
     if len({w.dtype for w in ws}) == 1:
