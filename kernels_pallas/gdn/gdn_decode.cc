@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "cache_line.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -30,7 +31,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kLineFloats = 16;  // a 64-byte cache line
+constexpr int64_t kLineFloats = flipjax::kCacheLineBytes / sizeof(float);
 
 struct Shapes {
   int64_t slots, heads, tokens, dk, dv;

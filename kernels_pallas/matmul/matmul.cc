@@ -46,19 +46,6 @@ namespace {
 
 using flipjax::rows::Bf16;
 
-// y = x @ w over the buffers' data (w of `W`s), any M, K > 0 and N, a column panel per task.
-template <typename W>
-void Multiply(ffi::ThreadPool& threads, const float* xp, const W* wp, float* yp, int64_t m,
-              int64_t k, int64_t n) {
-  const int64_t n_threads = flipjax::Threads(threads, m * k * n, flipjax::rows::kWorkPerThread);
-  const flipjax::rows::Columns columns(n, n_threads);
-  flipjax::ParallelFor(threads, columns.tasks, 2, n_threads, [=](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t) {
-      flipjax::rows::MultiplyColumns(columns, t, xp, wp, yp, m, k, n);
-    }
-  });
-}
-
 ffi::Error CheckShapes(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd) {
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[0] || xd[1] == 0) {
     return ffi::Error::InvalidArgument("matmul: x must be [M, K] and w [K, N], with K > 0");
@@ -66,16 +53,46 @@ ffi::Error CheckShapes(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd)
   return ffi::Error::Success();
 }
 
-// One weight of a FlipjaxMatmuls call: its data, its output, its split into tasks and the
-// first of its tasks among all of the call's.
+// One weight of a call: its data, its output and its columns.
 template <typename W>
 struct Product {
   const W* w;
   float* y;
   int64_t n;
-  flipjax::rows::Columns columns;
-  int64_t first_task;
 };
+
+// y_i = x @ w_i for every product, x [m, k] (k > 0): each product's columns split into tasks
+// as one product's alone would be, every task of the call on the pool at once.
+template <typename W>
+void MultiplyAll(ffi::ThreadPool& threads, const float* xp, int64_t m, int64_t k,
+                 const std::vector<Product<W>>& products) {
+  struct Split {
+    flipjax::rows::Columns columns;
+    int64_t first_task;  // among all of the call's
+  };
+  int64_t columns = 0;
+  for (const auto& product : products) columns += product.n;
+  const int64_t n_threads =
+      flipjax::Threads(threads, m * k * columns, flipjax::rows::kWorkPerThread);
+  std::vector<Split> splits;
+  int64_t tasks = 0;
+  for (const auto& product : products) {
+    splits.push_back({flipjax::rows::Columns(product.n, n_threads), tasks});
+    tasks += splits.back().columns.tasks;
+  }
+  const Product<W>* all = products.data();
+  const Split* split = splits.data();
+  const int64_t count = static_cast<int64_t>(products.size());
+  // ParallelFor returns when every task is done, so the vectors outlive the tasks.
+  flipjax::ParallelFor(threads, tasks, 2, n_threads, [=](int64_t first, int64_t last) {
+    int64_t p = 0;
+    for (int64_t t = first; t < last; ++t) {
+      while (p + 1 < count && split[p + 1].first_task <= t) ++p;
+      flipjax::rows::MultiplyColumns(split[p].columns, t - split[p].first_task, xp, all[p].w,
+                                     all[p].y, m, k, all[p].n);
+    }
+  });
+}
 
 // The handler for several weights of XLA type `T`, read as `W`s: x f32[M, K], then the weights,
 // and an output f32[M, N_i] for each.
@@ -86,9 +103,7 @@ ffi::Error MatmulsOf(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Rema
   if (weights.size() == 0 || weights.size() != outputs.size()) {
     return ffi::Error::InvalidArgument("matmuls: need one or more weights and an output each");
   }
-  std::vector<ffi::Buffer<T>> ws;
-  std::vector<ffi::Result<ffi::Buffer<ffi::F32>>> ys;
-  int64_t columns = 0;
+  std::vector<Product<W>> products;
   for (size_t i = 0; i < weights.size(); ++i) {
     auto w = weights.get<ffi::Buffer<T>>(i);
     auto y = outputs.get<ffi::Buffer<ffi::F32>>(i);
@@ -100,35 +115,10 @@ ffi::Error MatmulsOf(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Rema
       return ffi::Error::InvalidArgument("matmuls: output " + std::to_string(i) +
                                          " must be [M, N] of x's M and its weight's N");
     }
-    columns += w->dimensions()[1];
-    ws.push_back(*w);
-    ys.push_back(*y);
+    products.push_back({reinterpret_cast<const W*>(w->untyped_data()), (*y)->typed_data(),
+                        w->dimensions()[1]});
   }
-  const int64_t m = xd[0], k = xd[1];
-  const int64_t n_threads =
-      flipjax::Threads(threads, m * k * columns, flipjax::rows::kWorkPerThread);
-  std::vector<Product<W>> products;
-  int64_t tasks = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const int64_t n = ws[i].dimensions()[1];
-    const flipjax::rows::Columns split(n, n_threads);
-    products.push_back({reinterpret_cast<const W*>(ws[i].untyped_data()), ys[i]->typed_data(), n,
-                        split, tasks});
-    tasks += split.tasks;
-  }
-  const float* xp = x.typed_data();
-  const Product<W>* all = products.data();
-  const int64_t count = static_cast<int64_t>(products.size());
-  // ParallelFor returns when every task is done, so `products` outlives the tasks.
-  flipjax::ParallelFor(threads, tasks, 2, n_threads, [=](int64_t first, int64_t last) {
-    int64_t p = 0;
-    for (int64_t t = first; t < last; ++t) {
-      while (p + 1 < count && all[p + 1].first_task <= t) ++p;
-      const Product<W>& product = all[p];
-      flipjax::rows::MultiplyColumns(product.columns, t - product.first_task, xp, product.w,
-                                     product.y, m, k, product.n);
-    }
-  });
+  MultiplyAll(threads, x.typed_data(), xd[0], xd[1], products);
   return ffi::Error::Success();
 }
 
@@ -137,9 +127,9 @@ template <ffi::DataType T, typename W>
 ffi::Error MatmulOf(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
                     ffi::ResultBuffer<ffi::F32> y) {
   if (auto error = CheckShapes(x.dimensions(), w.dimensions()); error.failure()) return error;
-  const auto* wp = reinterpret_cast<const W*>(w.untyped_data());
-  Multiply(threads, x.typed_data(), wp, y->typed_data(), x.dimensions()[0], x.dimensions()[1],
-           w.dimensions()[1]);
+  const std::vector<Product<W>> one = {
+      {reinterpret_cast<const W*>(w.untyped_data()), y->typed_data(), w.dimensions()[1]}};
+  MultiplyAll(threads, x.typed_data(), x.dimensions()[0], x.dimensions()[1], one);
   return ffi::Error::Success();
 }
 

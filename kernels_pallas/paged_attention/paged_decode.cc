@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cache_line.h"
 #include "fast_exp.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -137,7 +138,7 @@ template <typename T, typename F>
 void EachRun(const Shape& s, const T* pool, const float* page_scales, const int32_t* table,
              int64_t b, int64_t kv, int64_t n, int64_t run, F f, bool ahead = false) {
   const int64_t stride = s.kv_heads * s.dim;
-  const int64_t line = 64 / sizeof(T);
+  const int64_t line = flipjax::kCacheLineBytes / sizeof(T);
   for (int64_t j0 = 0; j0 < n; j0 += s.page_size) {
     const int64_t page = table[b * s.width + j0 / s.page_size];
     if (ahead && j0 + s.page_size < n) {
