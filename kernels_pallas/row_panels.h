@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cache_line.h"
+
 #if defined(__FMA__) || defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -95,6 +97,18 @@ inline Vec LoadPart(const W* p, int width) {
   return Load(part);
 }
 
+// Requests the cache lines of `count` weights from p, each once: a vector of fp32 fills a
+// line with AVX-512, half of one with AVX2 (and a bf16 or int8 vector less), where a request
+// per vector took a load slot of the multiply's for each line twice over.
+template <int kLocality, typename W>
+inline void Request(const W* p, int64_t count) {
+  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kCacheLineBytes - 1};
+  const auto last = reinterpret_cast<uintptr_t>(p + count) - 1;
+  for (uintptr_t line = first; line <= last; line += kCacheLineBytes) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, kLocality);
+  }
+}
+
 // Lines of w requested into L2 while a packed sub-tile is multiplied: rows of the sub-tile
 // packed next, from its row k0, spread over the groups of x's rows (group `phase` of `every`
 // requests every `every`-th of the `rows`), so the reads go out a few at a time beside the
@@ -135,13 +149,13 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
     // do not follow across its stride (10% at 8 rows, fp32, from memory; a one-row sub-tile
     // is wide enough to need none after the first block).
     if (!kPacked && i + kBlock < k) {
-      for (int v = 0; v < V; ++v) __builtin_prefetch(wi + kBlock * n + v * kLanes, 0, 1);
+      Request<1>(wi + kBlock * n, V * kLanes);
     }
     if (!kPacked && (k0 == 0 || R > 1) && i + kPrefetch < k1) {
-      for (int v = 0; v < V; ++v) __builtin_prefetch(wi + kPrefetch * n + v * kLanes, 0, 3);
+      Request<3>(wi + kPrefetch * n, V * kLanes);
     }
     if (kPacked && i - k0 == due && due < ahead.rows) {
-      for (int v = 0; v < V; ++v) __builtin_prefetch(ahead.w + due * n + v * kLanes, 0, 1);
+      Request<1>(ahead.w + due * n, V * kLanes);
       due += ahead.every;
     }
     Vec wv[V];
@@ -229,22 +243,22 @@ void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
   constexpr int64_t kWidth = kPackedVectors * kLanes;
   for (int64_t i = k0; i < k1; ++i) {
     const W* wi = w + i * n;
-    for (int v = 0; v < kPackedVectors; ++v) {
-      if (i + kPrefetch < k1) __builtin_prefetch(wi + kPrefetch * n + v * kLanes, 0, 3);
-    }
+    if (i + kPrefetch < k1) Request<3>(wi + kPrefetch * n, kWidth);
     std::memcpy(packed + (i - k0) * kWidth, wi, kWidth * sizeof(W));
   }
 }
 
 // y[0:m, task's columns] = x[0:m, :] @ w[:, task's columns], rows strided by k (x) and n (w, y).
 //
-// More rows than two groups: every group multiplies each sub-tile of a block of w in turn, from
+// More rows than one group: every group multiplies each sub-tile of a block of w in turn, from
 // a packed copy that stays in L1 for all of them. Read in place, a sub-tile's rows lie a
 // multiple of 1 KB apart in the model's weights (their widths are multiples of 256), so they
-// fall into a few of L1's sets and evicted each other before the next group read them. Packed,
-// with the weight read from memory on two threads (paired runs): [32, 768] x [768, 32000] 11%
-// faster, x [768, 2048] 13%, [48-512, 768] x [768, 512] 7-18%; at 12-24 rows, within 3% either
-// way, so two groups stay as they were. Each output's sums are the same.
+// fall into a few of L1's sets and evicted each other before the next group read them (at a
+// width of a multiple of 1024 fp32 columns, into the same one). Packed, with the weight
+// read from memory on two threads (paired runs): [32, 768] x [768, 32000] 11% faster,
+// x [768, 2048] 13%, [48-512, 768] x [768, 512] 7-18%; with two groups, 12 rows x [768, 4096]
+// 15-18% and x [768, 2048] 8-14%, and the AVX2 build's 8 rows 12-33% (x [768, 32000] within 7%
+// either way). Each output's sums are the same.
 //
 // While a sub-tile is multiplied, the next one's rows are requested into L2 (`Ahead`). Requested
 // a block ahead while packing instead, 192 lines at once from memory, the packing waited on them:
@@ -257,7 +271,7 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
   const int64_t first = columns.First(task), last = columns.First(task + 1);
   const bool tail = task == columns.tasks - 1 && columns.width > 0;
   const int64_t c = first * kLanes, at = (last - first) * kLanes;
-  if (m > 2 * kRows) {
+  if (m > kRows) {
     alignas(64) W packed[kBlock * kPackedVectors * kLanes];
     for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
       const int64_t k1 = std::min(k, k0 + kBlock);
