@@ -97,9 +97,10 @@ inline Vec LoadPart(const W* p, int width) {
   return Load(part);
 }
 
-// Requests the cache lines of `count` weights from p, each once: a vector of fp32 fills a
-// line with AVX-512, half of one with AVX2 (and a bf16 or int8 vector less), where a request
-// per vector took a load slot of the multiply's for each line twice over.
+// Requests the cache lines of `count` weights from p, each once. A vector of fp32 fills a line
+// with AVX-512 but half of one with AVX2 (a vector of bf16 or int8 weights less still), and a
+// request per vector took the multiply's load slots twice or more for each line: the AVX2
+// build's 8 rows ran 11-19% faster, and bf16 weights' with AVX-512 2-12%, from memory.
 template <int kLocality, typename W>
 inline void Request(const W* p, int64_t count) {
   const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kCacheLineBytes - 1};
