@@ -97,19 +97,6 @@ inline Vec LoadPart(const W* p, int width) {
   return Load(part);
 }
 
-// Requests the cache lines of `count` weights from p, each once. A vector of fp32 fills a line
-// with AVX-512 but half of one with AVX2 (a vector of bf16 or int8 weights less still), and a
-// request per vector took the multiply's load slots twice or more for each line: the AVX2
-// build's 8 rows ran 11-19% faster, and bf16 weights' with AVX-512 2-12%, from memory.
-template <int kLocality, typename W>
-inline void Request(const W* p, int64_t count) {
-  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{kCacheLineBytes - 1};
-  const auto last = reinterpret_cast<uintptr_t>(p + count) - 1;
-  for (uintptr_t line = first; line <= last; line += kCacheLineBytes) {
-    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, kLocality);
-  }
-}
-
 // Lines of w requested into L2 while a packed sub-tile is multiplied: rows of the sub-tile
 // packed next, from its row k0, spread over the groups of x's rows (group `phase` of `every`
 // requests every `every`-th of the `rows`), so the reads go out a few at a time beside the
@@ -150,13 +137,13 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
     // do not follow across its stride (10% at 8 rows, fp32, from memory; a one-row sub-tile
     // is wide enough to need none after the first block).
     if (!kPacked && i + kBlock < k) {
-      Request<1>(wi + kBlock * n, V * kLanes);
+      RequestLines<1>(wi + kBlock * n, V * kLanes);
     }
     if (!kPacked && (k0 == 0 || R > 1) && i + kPrefetch < k1) {
-      Request<3>(wi + kPrefetch * n, V * kLanes);
+      RequestLines<3>(wi + kPrefetch * n, V * kLanes);
     }
     if (kPacked && i - k0 == due && due < ahead.rows) {
-      Request<1>(ahead.w + due * n, V * kLanes);
+      RequestLines<1>(ahead.w + due * n, V * kLanes);
       due += ahead.every;
     }
     Vec wv[V];
@@ -244,7 +231,7 @@ void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
   constexpr int64_t kWidth = kPackedVectors * kLanes;
   for (int64_t i = k0; i < k1; ++i) {
     const W* wi = w + i * n;
-    if (i + kPrefetch < k1) Request<3>(wi + kPrefetch * n, kWidth);
+    if (i + kPrefetch < k1) RequestLines<3>(wi + kPrefetch * n, kWidth);
     std::memcpy(packed + (i - k0) * kWidth, wi, kWidth * sizeof(W));
   }
 }

@@ -31,8 +31,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kLineFloats = flipjax::kCacheLineBytes / sizeof(float);
-
 struct Shapes {
   int64_t slots, heads, tokens, dk, dv;
 };
@@ -52,9 +50,7 @@ void StepHead(const float* src, const float* q, const float* k, const float* v, 
     for (int64_t i = 0; i < dk; ++i) {
       const float* row = src + i * dv;
       const float ki = k[i];
-      if (next != nullptr) {
-        for (int64_t j = 0; j < dv; j += kLineFloats) __builtin_prefetch(next + i * dv + j, 0, 2);
-      }
+      if (next != nullptr) flipjax::RequestLines<2>(next + i * dv, dv);
       for (int64_t j = 0; j < dv; ++j) kv_mem[j] += (row[j] * alpha) * ki;
     }
   }

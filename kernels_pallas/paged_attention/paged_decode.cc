@@ -138,15 +138,12 @@ template <typename T, typename F>
 void EachRun(const Shape& s, const T* pool, const float* page_scales, const int32_t* table,
              int64_t b, int64_t kv, int64_t n, int64_t run, F f, bool ahead = false) {
   const int64_t stride = s.kv_heads * s.dim;
-  const int64_t line = flipjax::kCacheLineBytes / sizeof(T);
   for (int64_t j0 = 0; j0 < n; j0 += s.page_size) {
     const int64_t page = table[b * s.width + j0 / s.page_size];
     if (ahead && j0 + s.page_size < n) {
       const T* next = PageAt(s, pool, table[b * s.width + j0 / s.page_size + 1], kv);
       const int64_t positions = std::min(s.page_size, n - j0 - s.page_size);
-      for (int64_t j = 0; j < positions; ++j) {
-        for (int64_t i = 0; i < s.dim; i += line) __builtin_prefetch(next + j * stride + i, 0, 2);
-      }
+      for (int64_t j = 0; j < positions; ++j) flipjax::RequestLines<2>(next + j * stride, s.dim);
     }
     float scale = 1.0f;
     if constexpr (kEightBit<T>) scale = page_scales[page * s.kv_heads + kv];
