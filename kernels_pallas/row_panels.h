@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "cache_line.h"
 
@@ -26,6 +27,12 @@ constexpr int kRows = 4;  // 4 rows x 3 vectors fill 12 of 16 vector registers
 #endif
 constexpr int kPanelVectors = 24;  // the widest task, in vectors (divisible by 8, 6 and 3)
 constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
+// A few rows of x (up to two groups) stream w in long runs of its rows instead (`Wide`): rows
+// of w per pass, and the most outputs a pass keeps in L2 (they are read and written once per
+// pass).
+constexpr int64_t kWideRows = 2 * kRows;
+constexpr int64_t kWideBlock = 16;
+constexpr int64_t kWideOutputs = 1 << 16;
 constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
 // Multiply-adds that pay for waking a thread: 256 KB of an fp32 weight, about 20 us for one
 // thread to read. (At four times this, the one-row products of a 768 x 512 weight, a shared
@@ -118,7 +125,7 @@ struct Ahead {
 // while `ahead`'s rows are requested.
 template <int R, int V, bool kPartial, typename W, bool kPacked = false>
 void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0, int64_t k1,
-           int width, Ahead<W> ahead) {
+           int width, Ahead<W> ahead, int64_t block) {
   Vec acc[R][V];
   for (int r = 0; r < R; ++r) {
     for (int v = 0; v < V; ++v) {
@@ -136,8 +143,8 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
     // (several rows of x) reads each row of w in a few lines that the hardware's prefetchers
     // do not follow across its stride (10% at 8 rows, fp32, from memory; a one-row sub-tile
     // is wide enough to need none after the first block).
-    if (!kPacked && i + kBlock < k) {
-      RequestLines<1>(wi + kBlock * n, V * kLanes);
+    if (!kPacked && i + block < k) {
+      RequestLines<1>(wi + block * n, V * kLanes);
     }
     if (!kPacked && (k0 == 0 || R > 1) && i + kPrefetch < k1) {
       RequestLines<3>(wi + kPrefetch * n, V * kLanes);
@@ -155,9 +162,13 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
       for (int v = 0; v < V; ++v) acc[r][v] = MultiplyAdd(s, wv[v], acc[r][v]);
     }
   }
+  // Stored through a copy: copying out of acc itself took its address, and GCC then kept the
+  // accumulators in memory, storing all of them on every row of w (12 stores to 12 fused
+  // multiply-adds, 25 against 63 GFLOP/s for one thread of a Zen 3 from L1).
   for (int r = 0; r < R; ++r) {
     for (int v = 0; v < V; ++v) {
-      std::memcpy(y + r * n + v * kLanes, &acc[r][v], (kPartial ? width : kLanes) * sizeof(float));
+      const Vec out = acc[r][v];
+      std::memcpy(y + r * n + v * kLanes, &out, (kPartial ? width : kLanes) * sizeof(float));
     }
   }
 }
@@ -165,11 +176,11 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
 // Block for a group of `rows` rows (1 to kRows).
 template <int V, bool kPartial = false, bool kPacked = false, typename W>
 void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0,
-          int64_t k1, int width = kLanes, Ahead<W> ahead = {}) {
+          int64_t k1, int width = kLanes, Ahead<W> ahead = {}, int64_t block = kBlock) {
   switch (rows) {
 #define FLIPJAX_ROWS(R) \
   case R:               \
-    return Block<R, V, kPartial, W, kPacked>(x, w, y, k, n, k0, k1, width, ahead);
+    return Block<R, V, kPartial, W, kPacked>(x, w, y, k, n, k0, k1, width, ahead, block);
     FLIPJAX_ROWS(1)
     FLIPJAX_ROWS(2)
     FLIPJAX_ROWS(3)
@@ -190,31 +201,39 @@ void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, 
 // narrow weight), so the last few vectors take narrower tiles.
 template <typename W>
 void Panel(int rows, int64_t vectors, const float* x, const W* w, float* y, int64_t k, int64_t n,
-           int64_t k0, int64_t k1) {
+           int64_t k0, int64_t k1, int64_t block) {
   const int sub = rows <= kRows / 4 ? 8 : rows <= kRows / 2 ? 6 : 3;
   int64_t v = 0;
   for (; v + sub <= vectors; v += sub) {
     const int64_t c = v * kLanes;
-    if (sub == 8) Rows<8>(rows, x, w + c, y + c, k, n, k0, k1);
-    if (sub == 6) Rows<6>(rows, x, w + c, y + c, k, n, k0, k1);
-    if (sub == 3) Rows<3>(rows, x, w + c, y + c, k, n, k0, k1);
+    if (sub == 8) Rows<8>(rows, x, w + c, y + c, k, n, k0, k1, kLanes, {}, block);
+    if (sub == 6) Rows<6>(rows, x, w + c, y + c, k, n, k0, k1, kLanes, {}, block);
+    if (sub == 3) Rows<3>(rows, x, w + c, y + c, k, n, k0, k1, kLanes, {}, block);
   }
-  for (; v + 3 <= vectors; v += 3) Rows<3>(rows, x, w + v * kLanes, y + v * kLanes, k, n, k0, k1);
-  for (; v < vectors; ++v) Rows<1>(rows, x, w + v * kLanes, y + v * kLanes, k, n, k0, k1);
+  for (; v + 3 <= vectors; v += 3) {
+    Rows<3>(rows, x, w + v * kLanes, y + v * kLanes, k, n, k0, k1, kLanes, {}, block);
+  }
+  for (; v < vectors; ++v) {
+    Rows<1>(rows, x, w + v * kLanes, y + v * kLanes, k, n, k0, k1, kLanes, {}, block);
+  }
 }
 
 // How an N-column product is split into tasks of whole vectors: panels of kPanelVectors where
 // there are enough of them to keep every thread busy, else the columns split evenly over the
 // threads. (Fixed panels split a 512-column weight into 384 and 128 columns, so one of two
-// threads did three quarters of the work.) The columns after the last whole vector go with the
-// last task.
+// threads did three quarters of the work.) `wide`: one task per thread, each streamed in long
+// runs of w's rows (`Wide`), for at most kWideRows rows of x. The columns after the last whole
+// vector go with the last task.
 struct Columns {
   int64_t tasks;
   int64_t vectors;  // whole vectors in N
   int width;        // columns after them
+  bool wide;
 
-  Columns(int64_t n, int64_t threads) : vectors(n / kLanes), width(static_cast<int>(n % kLanes)) {
-    const int64_t panels = std::max<int64_t>(1, (vectors + kPanelVectors - 1) / kPanelVectors);
+  Columns(int64_t n, int64_t threads, bool wide = false)
+      : vectors(n / kLanes), width(static_cast<int>(n % kLanes)), wide(wide) {
+    const int64_t panels =
+        wide ? 1 : std::max<int64_t>(1, (vectors + kPanelVectors - 1) / kPanelVectors);
     tasks = std::min(std::max<int64_t>(1, vectors), (panels + threads - 1) / threads * threads);
   }
   int64_t First(int64_t task) const { return task * vectors / tasks; }  // in vectors
@@ -234,6 +253,58 @@ void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
     if (i + kPrefetch < k1) RequestLines<3>(wi + kPrefetch * n, kWidth);
     std::memcpy(packed + (i - k0) * kWidth, wi, kWidth * sizeof(W));
   }
+}
+
+// y[0:m, first:last vectors (and `width` columns after them)] = x @ w for m <= kWideRows rows,
+// reading w in passes of kWideBlock rows over a chunk of the columns, so that memory serves
+// kWideBlock runs of a chunk's row at a time (a pass's outputs, read and written once each, stay
+// in L2). Read a panel of 1.5 KB of each row at a time instead, w came at 6-7 GB/s on a 2-core
+// Zen 3 whose memory streams long rows at 16-19: 8 rows x [768, 32000] and x [768, 2048] ran
+// 25-60% faster this way (two threads, from memory). Every group of x's rows multiplies a
+// sub-tile of the pass before the next is read, while it is in L1.
+template <typename W>
+void Wide(int64_t first, int64_t last, int width, const float* x, const W* w, float* y,
+          int64_t m, int64_t k, int64_t n) {
+  const int64_t chunk = std::max<int64_t>(
+      kPanelVectors, kWideOutputs / (m * kLanes) / kPanelVectors * kPanelVectors);
+  int64_t c0 = first;
+  do {
+    const int64_t c1 = std::min(last, c0 + chunk);
+    const bool tail = width > 0 && c1 == last;
+    for (int64_t k0 = 0; k0 < k; k0 += kWideBlock) {
+      const int64_t k1 = std::min(k, k0 + kWideBlock);
+      if (m <= kRows) {
+        const int rows = static_cast<int>(m);
+        Panel(rows, c1 - c0, x, w + c0 * kLanes, y + c0 * kLanes, k, n, k0, k1, kWideBlock);
+        if (tail) {
+          Rows<1, true>(rows, x, w + c1 * kLanes, y + c1 * kLanes, k, n, k0, k1, width, {},
+                        kWideBlock);
+        }
+        continue;
+      }
+      // Vectors [v, v + V) of every group of rows (the last `width` wide), a sub-tile at a time.
+      auto groups = [&](auto vectors, int64_t v, int part) {
+        constexpr int V = decltype(vectors)::value;
+        for (int64_t r = 0; r < m; r += kRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+          const float* xr = x + r * k;
+          float* yr = y + r * n + v * kLanes;
+          if (part == kLanes) {
+            Rows<V>(rows, xr, w + v * kLanes, yr, k, n, k0, k1, kLanes, {}, kWideBlock);
+          } else {
+            Rows<1, true>(rows, xr, w + v * kLanes, yr, k, n, k0, k1, part, {}, kWideBlock);
+          }
+        }
+      };
+      int64_t v = c0;
+      for (; v + kPackedVectors <= c1; v += kPackedVectors) {
+        groups(std::integral_constant<int, kPackedVectors>{}, v, kLanes);
+      }
+      for (; v < c1; ++v) groups(std::integral_constant<int, 1>{}, v, kLanes);
+      if (tail) groups(std::integral_constant<int, 1>{}, c1, width);
+    }
+    c0 = c1;
+  } while (c0 < last);
 }
 
 // y[0:m, task's columns] = x[0:m, :] @ w[:, task's columns], rows strided by k (x) and n (w, y).
@@ -259,6 +330,9 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
   const int64_t first = columns.First(task), last = columns.First(task + 1);
   const bool tail = task == columns.tasks - 1 && columns.width > 0;
   const int64_t c = first * kLanes, at = (last - first) * kLanes;
+  if (columns.wide && m <= kWideRows) {
+    return Wide(first, last, tail ? columns.width : 0, x, w, y, m, k, n);
+  }
   if (m > kRows) {
     alignas(64) W packed[kBlock * kPackedVectors * kLanes];
     for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
@@ -301,7 +375,7 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
       const float* xr = x + r * k;
       float* yr = y + r * n + c;
-      Panel(rows, last - first, xr, w + c, yr, k, n, k0, k1);
+      Panel(rows, last - first, xr, w + c, yr, k, n, k0, k1, kBlock);
       if (tail) Rows<1, true>(rows, xr, w + c + at, yr + at, k, n, k0, k1, columns.width);
     }
   }

@@ -77,7 +77,8 @@ void MultiplyAll(ffi::ThreadPool& threads, const float* xp, int64_t m, int64_t k
   std::vector<Split> splits;
   int64_t tasks = 0;
   for (const auto& product : products) {
-    splits.push_back({flipjax::rows::Columns(product.n, n_threads), tasks});
+    const bool wide = m <= flipjax::rows::kWideRows;
+    splits.push_back({flipjax::rows::Columns(product.n, n_threads, wide), tasks});
     tasks += splits.back().columns.tasks;
   }
   const Product<W>* all = products.data();
