@@ -92,7 +92,12 @@ SOURCE_OF = {
     "ragged_matmul_bf16": "ragged_matmul",
     "ragged_matmul_int8": "ragged_matmul",
 }
-FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
+# -fno-trapping-math: no code here reads the floating-point exception flags, and without it GCC
+# leaves scalar any loop whose branch it cannot run for every lane in case an FP operation
+# raises one (it threads the clamp of `fast_exp.h`'s Exp into such a branch): under AVX2, the
+# gates' and the gated norm's loops stayed scalar, where AVX-512's masks vectorized them. It
+# changes no value: each operation still rounds as IEEE says, in the written order.
+FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-trapping-math")
 # What a kernel is compiled for. A CPU's own (`native`) is the default; the others build the
 # code paths of other x86-64 machines here (each runs where the CPU has its features): SSE
 # only, no FMA (v2); AVX2 and FMA under the tuning of AMD's Zen, whose compiler heuristics
