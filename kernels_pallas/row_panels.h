@@ -18,14 +18,22 @@
 
 namespace flipjax::rows {
 
+// Rows per group, and vectors per packed sub-tile (the sub-tile of a full group): their
+// accumulators, the sub-tile's row of w and x's broadcast fill the registers. AVX-512: 8 rows x
+// 3 vectors, 24 of 32. AVX2: 6 rows x 2 vectors, 12 of 16, so that w's row stays in registers
+// too; 4 x 3 left none for it, and each multiply-add read its vector of w again from L1, a
+// load per multiply-add, which on a Zen 3 ran at 71 GFLOP/s of one core's 102 where 6 x 2 ran
+// at 98 (both from L1).
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
-constexpr int kRows = 8;  // rows per group: 8 rows x 3 vectors fill 24 of 32 vector registers
+constexpr int kRows = 8;
+constexpr int kPackedVectors = 3;
 #else
 constexpr int kLanes = 8;
-constexpr int kRows = 4;  // 4 rows x 3 vectors fill 12 of 16 vector registers
+constexpr int kRows = 6;
+constexpr int kPackedVectors = 2;
 #endif
-constexpr int kPanelVectors = 24;  // the widest task, in vectors (divisible by 8, 6 and 3)
+constexpr int kPanelVectors = 24;  // the widest task, in vectors (divisible by 8, 6, 3 and 2)
 constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
 // A few rows of x (up to two groups) stream w in long runs of its rows instead (`Wide`): rows
 // of w per pass, and the most outputs a pass keeps in L2 (they are read and written once per
@@ -185,9 +193,9 @@ void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, 
     FLIPJAX_ROWS(2)
     FLIPJAX_ROWS(3)
     FLIPJAX_ROWS(4)
-#if defined(__AVX512F__)
     FLIPJAX_ROWS(5)
     FLIPJAX_ROWS(6)
+#if defined(__AVX512F__)
     FLIPJAX_ROWS(7)
     FLIPJAX_ROWS(8)
 #endif
@@ -202,15 +210,20 @@ void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, 
 template <typename W>
 void Panel(int rows, int64_t vectors, const float* x, const W* w, float* y, int64_t k, int64_t n,
            int64_t k0, int64_t k1, int64_t block) {
-  const int sub = rows <= kRows / 4 ? 8 : rows <= kRows / 2 ? 6 : 3;
+#if defined(__AVX512F__)
+  const int sub = rows <= 2 ? 8 : rows <= 4 ? 6 : 3;
+#else
+  const int sub = rows <= 1 ? 8 : rows <= 2 ? 6 : rows <= 4 ? 3 : kPackedVectors;
+#endif
   int64_t v = 0;
   for (; v + sub <= vectors; v += sub) {
     const int64_t c = v * kLanes;
     if (sub == 8) Rows<8>(rows, x, w + c, y + c, k, n, k0, k1, kLanes, {}, block);
     if (sub == 6) Rows<6>(rows, x, w + c, y + c, k, n, k0, k1, kLanes, {}, block);
     if (sub == 3) Rows<3>(rows, x, w + c, y + c, k, n, k0, k1, kLanes, {}, block);
+    if (sub == 2) Rows<2>(rows, x, w + c, y + c, k, n, k0, k1, kLanes, {}, block);
   }
-  for (; v + 3 <= vectors; v += 3) {
+  for (; sub >= 3 && v + 3 <= vectors; v += 3) {
     Rows<3>(rows, x, w + v * kLanes, y + v * kLanes, k, n, k0, k1, kLanes, {}, block);
   }
   for (; v < vectors; ++v) {
@@ -238,9 +251,6 @@ struct Columns {
   }
   int64_t First(int64_t task) const { return task * vectors / tasks; }  // in vectors
 };
-
-// Vectors per packed sub-tile: the sub-tile of a full group of rows.
-constexpr int kPackedVectors = 3;
 
 // Rows k0..k1 of kPackedVectors vectors of w (rows strided by n) into `packed`, one after
 // another, requesting rows a few ahead into L1 (they were requested into L2 while the sub-tile
