@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "cache_line.h"
 
@@ -35,10 +34,8 @@ constexpr int kPackedVectors = 2;
 #endif
 constexpr int kPanelVectors = 24;  // the widest task, in vectors (divisible by 8, 6, 3 and 2)
 constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
-// A few rows of x (up to two groups) stream w in long runs of its rows instead (`Wide`): rows
-// of w per pass, and the most outputs a pass keeps in L2 (they are read and written once per
-// pass).
-constexpr int64_t kWideRows = 2 * kRows;
+// One group of x's rows streams w in long runs of its rows instead (`Wide`): rows of w per
+// pass, and the most outputs a pass keeps in L2 (they are read and written once per pass).
 constexpr int64_t kWideBlock = 16;
 constexpr int64_t kWideOutputs = 1 << 16;
 constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
@@ -235,8 +232,8 @@ void Panel(int rows, int64_t vectors, const float* x, const W* w, float* y, int6
 // there are enough of them to keep every thread busy, else the columns split evenly over the
 // threads. (Fixed panels split a 512-column weight into 384 and 128 columns, so one of two
 // threads did three quarters of the work.) `wide`: one task per thread, each streamed in long
-// runs of w's rows (`Wide`), for at most kWideRows rows of x. The columns after the last whole
-// vector go with the last task.
+// runs of w's rows (`Wide`), for one group of x's rows. The columns after the last whole vector
+// go with the last task.
 struct Columns {
   int64_t tasks;
   int64_t vectors;  // whole vectors in N
@@ -265,53 +262,30 @@ void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
   }
 }
 
-// y[0:m, first:last vectors (and `width` columns after them)] = x @ w for m <= kWideRows rows,
-// reading w in passes of kWideBlock rows over a chunk of the columns, so that memory serves
-// kWideBlock runs of a chunk's row at a time (a pass's outputs, read and written once each, stay
-// in L2). Read a panel of 1.5 KB of each row at a time instead, w came at 6-7 GB/s on a 2-core
-// Zen 3 whose memory streams long rows at 16-19: 8 rows x [768, 32000] and x [768, 2048] ran
-// 25-60% faster this way (two threads, from memory). Every group of x's rows multiplies a
-// sub-tile of the pass before the next is read, while it is in L1.
+// y[0:m, first:last vectors (and `width` columns after them)] = x @ w for one group of rows
+// (m <= kRows), reading w in passes of kWideBlock rows over a chunk of the columns, so that
+// memory serves kWideBlock runs of a chunk's row at a time (a pass's outputs, read and written
+// once each, stay in L2). Read a panel of 24 vectors of each row at a time instead (768 bytes
+// under AVX2), w came at 6-7 GB/s on a 2-core Zen 3 whose memory streams long rows at 16-19:
+// 8 rows (then one AVX2 group of 4 x 3) x [768, 32000] and x [768, 2048] ran 25-60% faster this
+// way, 4 rows up to twice as fast (two threads, from memory, interleaved runs); passes of 4 rows
+// were slower than of 8, and 16 beat 8 on most shapes. Past one group, where each group reads
+// the pass again, packing it (`MultiplyColumns`) ran 4-30% faster than this at 7-12 rows.
 template <typename W>
 void Wide(int64_t first, int64_t last, int width, const float* x, const W* w, float* y,
-          int64_t m, int64_t k, int64_t n) {
+          int rows, int64_t k, int64_t n) {
   const int64_t chunk = std::max<int64_t>(
-      kPanelVectors, kWideOutputs / (m * kLanes) / kPanelVectors * kPanelVectors);
+      kPanelVectors, kWideOutputs / (rows * kLanes) / kPanelVectors * kPanelVectors);
   int64_t c0 = first;
   do {
     const int64_t c1 = std::min(last, c0 + chunk);
-    const bool tail = width > 0 && c1 == last;
     for (int64_t k0 = 0; k0 < k; k0 += kWideBlock) {
       const int64_t k1 = std::min(k, k0 + kWideBlock);
-      if (m <= kRows) {
-        const int rows = static_cast<int>(m);
-        Panel(rows, c1 - c0, x, w + c0 * kLanes, y + c0 * kLanes, k, n, k0, k1, kWideBlock);
-        if (tail) {
-          Rows<1, true>(rows, x, w + c1 * kLanes, y + c1 * kLanes, k, n, k0, k1, width, {},
-                        kWideBlock);
-        }
-        continue;
+      Panel(rows, c1 - c0, x, w + c0 * kLanes, y + c0 * kLanes, k, n, k0, k1, kWideBlock);
+      if (width > 0 && c1 == last) {
+        Rows<1, true>(rows, x, w + c1 * kLanes, y + c1 * kLanes, k, n, k0, k1, width, {},
+                      kWideBlock);
       }
-      // Vectors [v, v + V) of every group of rows (the last `width` wide), a sub-tile at a time.
-      auto groups = [&](auto vectors, int64_t v, int part) {
-        constexpr int V = decltype(vectors)::value;
-        for (int64_t r = 0; r < m; r += kRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-          const float* xr = x + r * k;
-          float* yr = y + r * n + v * kLanes;
-          if (part == kLanes) {
-            Rows<V>(rows, xr, w + v * kLanes, yr, k, n, k0, k1, kLanes, {}, kWideBlock);
-          } else {
-            Rows<1, true>(rows, xr, w + v * kLanes, yr, k, n, k0, k1, part, {}, kWideBlock);
-          }
-        }
-      };
-      int64_t v = c0;
-      for (; v + kPackedVectors <= c1; v += kPackedVectors) {
-        groups(std::integral_constant<int, kPackedVectors>{}, v, kLanes);
-      }
-      for (; v < c1; ++v) groups(std::integral_constant<int, 1>{}, v, kLanes);
-      if (tail) groups(std::integral_constant<int, 1>{}, c1, width);
     }
     c0 = c1;
   } while (c0 < last);
@@ -340,8 +314,8 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
   const int64_t first = columns.First(task), last = columns.First(task + 1);
   const bool tail = task == columns.tasks - 1 && columns.width > 0;
   const int64_t c = first * kLanes, at = (last - first) * kLanes;
-  if (columns.wide && m <= kWideRows) {
-    return Wide(first, last, tail ? columns.width : 0, x, w, y, m, k, n);
+  if (columns.wide && m <= kRows) {
+    return Wide(first, last, tail ? columns.width : 0, x, w, y, static_cast<int>(m), k, n);
   }
   if (m > kRows) {
     alignas(64) W packed[kBlock * kPackedVectors * kLanes];

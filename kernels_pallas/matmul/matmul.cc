@@ -4,9 +4,11 @@
 // A GEMM library packs w into panels before it multiplies. At decode's batch sizes w is read
 // once per call and barely reused, so the packing adds memory traffic to a product that is
 // already bound by it: XLA's [8, 768] x [768, 32000] ran at 10-15 GB/s where a one-row product
-// streams the same weights at 28. Here a task takes a panel of w's columns (1.5 KB of each
-// row) and walks its rows in blocks; each block stays in L1 while every group of x's rows is
-// multiplied into it, with the group's accumulators held in registers.
+// streams the same weights at 28. Here, for one group of x's rows, each thread takes a run of
+// w's columns and reads it in passes of a few rows, long runs of each (`Wide` in
+// `row_panels.h`); for more rows, a task takes a panel of w's columns (1.5 KB of each row) and
+// walks its rows in blocks, each packed into L1 while every group of x's rows is multiplied
+// into it; either way with the group's accumulators held in registers.
 //
 // Every output is the sum over k in order 0..K-1 of fused multiply-adds, however many rows x
 // has and wherever a row sits, so a row's result does not depend on its batch. The FMAs are
@@ -24,11 +26,11 @@
 // bit.
 //
 // The tiles and the multiply itself live in `row_panels.h`, shared with the grouped matmul of
-// the experts. Two handlers: FlipjaxMatmul takes x f32[M, K] and w f32[K, N]; FlipjaxMatmulBf16 takes w
-// bf16[K, N], widened to fp32 as it is read (exactly: a bf16 is the top half of an fp32), so
-// it reads half the bytes and multiplies and accumulates as XLA's bf16 product with fp32
-// accumulation does. FlipjaxMatmulInt8 takes a quantized weight s8[K, N], widened exactly as it
-// is read (a quarter of fp32's bytes); the per-column scale is the caller's to apply. All
+// the experts. Two handlers: FlipjaxMatmul takes x f32[M, K] and w f32[K, N]; FlipjaxMatmulBf16
+// takes w bf16[K, N], widened to fp32 as it is read (exactly: a bf16 is the top half of an
+// fp32), so it reads half the bytes and multiplies and accumulates as XLA's bf16 product with
+// fp32 accumulation does. FlipjaxMatmulInt8 takes a quantized weight s8[K, N], widened exactly
+// as it is read (a quarter of fp32's bytes); the per-column scale is the caller's to apply. All
 // return y f32[M, N].
 
 #include <algorithm>
@@ -77,7 +79,7 @@ void MultiplyAll(ffi::ThreadPool& threads, const float* xp, int64_t m, int64_t k
   std::vector<Split> splits;
   int64_t tasks = 0;
   for (const auto& product : products) {
-    const bool wide = m <= flipjax::rows::kWideRows;
+    const bool wide = m <= flipjax::rows::kRows;
     splits.push_back({flipjax::rows::Columns(product.n, n_threads, wide), tasks});
     tasks += splits.back().columns.tasks;
   }
