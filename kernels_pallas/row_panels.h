@@ -267,10 +267,11 @@ void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
 // memory serves kWideBlock runs of a chunk's row at a time (a pass's outputs, read and written
 // once each, stay in L2). Read a panel of 24 vectors of each row at a time instead (768 bytes
 // under AVX2), w came at 6-7 GB/s on a 2-core Zen 3 whose memory streams long rows at 16-19:
-// 8 rows (then one AVX2 group of 4 x 3) x [768, 32000] and x [768, 2048] ran 25-60% faster this
-// way, 4 rows up to twice as fast (two threads, from memory, interleaved runs); passes of 4 rows
-// were slower than of 8, and 16 beat 8 on most shapes. Past one group, where each group reads
-// the pass again, packing it (`MultiplyColumns`) ran 4-30% faster than this at 7-12 rows.
+// 4 rows x [768, 32000] and x [768, 2048] ran up to twice as fast this way, 8 rows (then two
+// AVX2 groups of 4) 20-60% (two threads, from memory, interleaved runs); passes of 4 rows were
+// slower than of 8, and 16 beat 8 on most shapes. Past one group, where each group reads the
+// pass again, packing it (`MultiplyColumns`) ran 4-30% faster than passes at 7-12 rows with
+// AVX2's groups of 6.
 template <typename W>
 void Wide(int64_t first, int64_t last, int width, const float* x, const W* w, float* y,
           int rows, int64_t k, int64_t n) {
