@@ -231,9 +231,9 @@ void Panel(int rows, int64_t vectors, const float* x, const W* w, float* y, int6
 // How an N-column product is split into tasks of whole vectors: panels of kPanelVectors where
 // there are enough of them to keep every thread busy, else the columns split evenly over the
 // threads. (Fixed panels split a 512-column weight into 384 and 128 columns, so one of two
-// threads did three quarters of the work.) `wide`: one task per thread, each streamed in long
-// runs of w's rows (`Wide`), for one group of x's rows. The columns after the last whole vector
-// go with the last task.
+// threads did three quarters of the work.) `wide`: one task per thread, a long run of w's
+// columns (for one group of x's rows, streamed in passes: `Wide`). The columns after the last
+// whole vector go with the last task.
 struct Columns {
   int64_t tasks;
   int64_t vectors;  // whole vectors in N

@@ -78,8 +78,13 @@ void MultiplyAll(ffi::ThreadPool& threads, const float* xp, int64_t m, int64_t k
       flipjax::Threads(threads, m * k * columns, flipjax::rows::kWorkPerThread);
   std::vector<Split> splits;
   int64_t tasks = 0;
+  // One task per thread up to two groups of rows: one group streams it in passes (`Wide`), two
+  // pack it in blocks across the whole run of columns. With two groups (7-12 rows, AVX2, Zen 3,
+  // interleaved runs) the MLP's gate and up projections ran 14-35% faster so, the GDN layer's
+  // in-projections 7-37%, the lm head 0-18%, the down projection -5% to +17%, than in 24-vector
+  // panels; at 16 and 32 rows the shapes split both ways, so panels stay there.
+  const bool wide = m <= 2 * flipjax::rows::kRows;
   for (const auto& product : products) {
-    const bool wide = m <= flipjax::rows::kRows;
     splits.push_back({flipjax::rows::Columns(product.n, n_threads, wide), tasks});
     tasks += splits.back().columns.tasks;
   }
