@@ -34,8 +34,9 @@ constexpr int kPackedVectors = 2;
 #endif
 constexpr int kPanelVectors = 24;  // the widest task, in vectors (divisible by 8, 6, 3 and 2)
 constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
-// One group of x's rows streams w in long runs of its rows instead (`Wide`): rows of w per
-// pass, and the most outputs a pass keeps in L2 (they are read and written once per pass).
+// One group of x's rows of a `wide` task streams w in long runs of its rows instead
+// (`OneGroup`): rows of w per pass, and the most outputs a pass keeps in L2 (they are read and
+// written once per pass).
 constexpr int64_t kWideBlock = 16;
 constexpr int64_t kWideOutputs = 1 << 16;
 constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
@@ -232,8 +233,8 @@ void Panel(int rows, int64_t vectors, const float* x, const W* w, float* y, int6
 // there are enough of them to keep every thread busy, else the columns split evenly over the
 // threads. (Fixed panels split a 512-column weight into 384 and 128 columns, so one of two
 // threads did three quarters of the work.) `wide`: one task per thread, a long run of w's
-// columns (for one group of x's rows, streamed in passes: `Wide`). The columns after the last
-// whole vector go with the last task.
+// columns (for one group of x's rows, streamed in passes: `OneGroup`). The columns after the
+// last whole vector go with the last task.
 struct Columns {
   int64_t tasks;
   int64_t vectors;  // whole vectors in N
@@ -262,30 +263,30 @@ void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
   }
 }
 
-// y[0:m, first:last vectors (and `width` columns after them)] = x @ w for one group of rows
-// (m <= kRows), reading w in passes of kWideBlock rows over a chunk of the columns, so that
-// memory serves kWideBlock runs of a chunk's row at a time (a pass's outputs, read and written
-// once each, stay in L2). Read a panel of 24 vectors of each row at a time instead (768 bytes
-// under AVX2), w came at 6-7 GB/s on a 2-core Zen 3 whose memory streams long rows at 16-19:
-// 4 rows x [768, 32000] and x [768, 2048] ran up to twice as fast this way, 8 rows (then two
-// AVX2 groups of 4) 20-60% (two threads, from memory, interleaved runs); passes of 4 rows were
-// slower than of 8, and 16 beat 8 on most shapes. Past one group, where each group reads the
-// pass again, packing it (`MultiplyColumns`) ran 4-30% faster than passes at 7-12 rows with
-// AVX2's groups of 6.
+// y[0:rows, first:last vectors (and `width` columns after them)] = x @ w for one group of rows
+// (rows <= kRows), reading w in passes of `block` rows over a chunk of the columns (a task of
+// a panel's width is one chunk). A task of the `wide` split takes passes of kWideBlock rows, so
+// that memory serves kWideBlock runs of a chunk's row at a time (a pass's outputs, read and
+// written once each, stay in L2). Read a panel of 24 vectors of each row at a time instead
+// (768 bytes under AVX2), w came at 6-7 GB/s on a 2-core Zen 3 whose memory streams long rows
+// at 16-19: 4 rows x [768, 32000] and x [768, 2048] ran up to twice as fast this way, 8 rows
+// (then two AVX2 groups of 4) 20-60% (two threads, from memory, interleaved runs); passes of 4
+// rows were slower than of 8, and 16 beat 8 on most shapes. Past one group, where each group
+// reads the pass again, packing it (`MultiplyColumns`) ran 4-30% faster than passes at 7-12
+// rows with AVX2's groups of 6.
 template <typename W>
-void Wide(int64_t first, int64_t last, int width, const float* x, const W* w, float* y,
-          int rows, int64_t k, int64_t n) {
+void OneGroup(int64_t first, int64_t last, int width, const float* x, const W* w, float* y,
+              int rows, int64_t k, int64_t n, int64_t block) {
   const int64_t chunk = std::max<int64_t>(
       kPanelVectors, kWideOutputs / (rows * kLanes) / kPanelVectors * kPanelVectors);
   int64_t c0 = first;
   do {
     const int64_t c1 = std::min(last, c0 + chunk);
-    for (int64_t k0 = 0; k0 < k; k0 += kWideBlock) {
-      const int64_t k1 = std::min(k, k0 + kWideBlock);
-      Panel(rows, c1 - c0, x, w + c0 * kLanes, y + c0 * kLanes, k, n, k0, k1, kWideBlock);
+    for (int64_t k0 = 0; k0 < k; k0 += block) {
+      const int64_t k1 = std::min(k, k0 + block);
+      Panel(rows, c1 - c0, x, w + c0 * kLanes, y + c0 * kLanes, k, n, k0, k1, block);
       if (width > 0 && c1 == last) {
-        Rows<1, true>(rows, x, w + c1 * kLanes, y + c1 * kLanes, k, n, k0, k1, width, {},
-                      kWideBlock);
+        Rows<1, true>(rows, x, w + c1 * kLanes, y + c1 * kLanes, k, n, k0, k1, width, {}, block);
       }
     }
     c0 = c1;
@@ -314,54 +315,43 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
                      int64_t m, int64_t k, int64_t n) {
   const int64_t first = columns.First(task), last = columns.First(task + 1);
   const bool tail = task == columns.tasks - 1 && columns.width > 0;
-  const int64_t c = first * kLanes, at = (last - first) * kLanes;
-  if (columns.wide && m <= kRows) {
-    return Wide(first, last, tail ? columns.width : 0, x, w, y, static_cast<int>(m), k, n);
+  if (m == 0) return;
+  if (m <= kRows) {
+    const int64_t block = columns.wide ? kWideBlock : kBlock;
+    const int width = tail ? columns.width : 0;
+    return OneGroup(first, last, width, x, w, y, static_cast<int>(m), k, n, block);
   }
-  if (m > kRows) {
-    alignas(64) W packed[kBlock * kPackedVectors * kLanes];
-    for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
-      const int64_t k1 = std::min(k, k0 + kBlock);
-      int64_t v = first;
-      for (; v + kPackedVectors <= last; v += kPackedVectors) {
-        Pack(w + v * kLanes, packed, k, n, k0, k1);
-        Ahead<W> ahead{nullptr, 0, static_cast<int>((m + kRows - 1) / kRows), 0};
-        if (v + 2 * kPackedVectors <= last) {
-          ahead.w = w + k0 * n + (v + kPackedVectors) * kLanes;
-          ahead.rows = k1 - k0;
-        } else if (k1 < k) {
-          ahead.w = w + k1 * n + first * kLanes;
-          ahead.rows = std::min(k, k1 + kBlock) - k1;
-        }
-        for (int64_t r = 0; r < m; r += kRows, ++ahead.phase) {
-          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-          float* yr = y + r * n + v * kLanes;
-          Rows<kPackedVectors, false, true>(rows, x + r * k, packed, yr, k, n, k0, k1, kLanes,
-                                            ahead);
-        }
-      }
-      for (; v < last; ++v) {
-        for (int64_t r = 0; r < m; r += kRows) {
-          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-          Rows<1>(rows, x + r * k, w + v * kLanes, y + r * n + v * kLanes, k, n, k0, k1);
-        }
-      }
-      for (int64_t r = 0; tail && r < m; r += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-        const int64_t to = c + at;
-        Rows<1, true>(rows, x + r * k, w + to, y + r * n + to, k, n, k0, k1, columns.width);
-      }
-    }
-    return;
-  }
+  const int64_t at = last * kLanes;  // the tail's first column
+  alignas(64) W packed[kBlock * kPackedVectors * kLanes];
   for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
     const int64_t k1 = std::min(k, k0 + kBlock);
-    for (int64_t r = 0; r < m; r += kRows) {
+    int64_t v = first;
+    for (; v + kPackedVectors <= last; v += kPackedVectors) {
+      Pack(w + v * kLanes, packed, k, n, k0, k1);
+      Ahead<W> ahead{nullptr, 0, static_cast<int>((m + kRows - 1) / kRows), 0};
+      if (v + 2 * kPackedVectors <= last) {
+        ahead.w = w + k0 * n + (v + kPackedVectors) * kLanes;
+        ahead.rows = k1 - k0;
+      } else if (k1 < k) {
+        ahead.w = w + k1 * n + first * kLanes;
+        ahead.rows = std::min(k, k1 + kBlock) - k1;
+      }
+      for (int64_t r = 0; r < m; r += kRows, ++ahead.phase) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+        float* yr = y + r * n + v * kLanes;
+        Rows<kPackedVectors, false, true>(rows, x + r * k, packed, yr, k, n, k0, k1, kLanes,
+                                          ahead);
+      }
+    }
+    for (; v < last; ++v) {
+      for (int64_t r = 0; r < m; r += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+        Rows<1>(rows, x + r * k, w + v * kLanes, y + r * n + v * kLanes, k, n, k0, k1);
+      }
+    }
+    for (int64_t r = 0; tail && r < m; r += kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-      const float* xr = x + r * k;
-      float* yr = y + r * n + c;
-      Panel(rows, last - first, xr, w + c, yr, k, n, k0, k1, kBlock);
-      if (tail) Rows<1, true>(rows, xr, w + c + at, yr + at, k, n, k0, k1, columns.width);
+      Rows<1, true>(rows, x + r * k, w + at, y + r * n + at, k, n, k0, k1, columns.width);
     }
   }
 }

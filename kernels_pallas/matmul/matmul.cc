@@ -5,8 +5,8 @@
 // once per call and barely reused, so the packing adds memory traffic to a product that is
 // already bound by it: XLA's [8, 768] x [768, 32000] ran at 10-15 GB/s where a one-row product
 // streams the same weights at 28. Here, for one group of x's rows, each thread takes a run of
-// w's columns and reads it in passes of a few rows, long runs of each (`Wide` in
-// `row_panels.h`); for more rows, a task takes a panel of w's columns (1.5 KB of each row) and
+// w's columns and reads it in passes of a few rows, long runs of each (`OneGroup`
+// in `row_panels.h`); for more rows, a task takes a panel of w's columns (1.5 KB of each row) and
 // walks its rows in blocks, each packed into L1 while every group of x's rows is multiplied
 // into it; either way with the group's accumulators held in registers.
 //
@@ -78,11 +78,11 @@ void MultiplyAll(ffi::ThreadPool& threads, const float* xp, int64_t m, int64_t k
       flipjax::Threads(threads, m * k * columns, flipjax::rows::kWorkPerThread);
   std::vector<Split> splits;
   int64_t tasks = 0;
-  // One task per thread up to two groups of rows: one group streams it in passes (`Wide`), two
-  // pack it in blocks across the whole run of columns. With two groups (7-12 rows, AVX2, Zen 3,
-  // interleaved runs) the MLP's gate and up projections ran 14-35% faster so, the GDN layer's
-  // in-projections 7-37%, the lm head 0-18%, the down projection -5% to +17%, than in 24-vector
-  // panels; at 16 and 32 rows the shapes split both ways, so panels stay there.
+  // One task per thread up to two groups of rows: one group streams it in passes (`OneGroup`),
+  // two pack it in blocks across the whole run of columns. With two groups (7-12 rows, AVX2,
+  // Zen 3, interleaved runs) the MLP's gate and up projections ran 14-35% faster so, the GDN
+  // layer's in-projections 7-37%, the lm head 0-18%, the down projection -5% to +17%, than in
+  // 24-vector panels; at 16 and 32 rows the shapes split both ways, so panels stay there.
   const bool wide = m <= 2 * flipjax::rows::kRows;
   for (const auto& product : products) {
     splits.push_back({flipjax::rows::Columns(product.n, n_threads, wide), tasks});
