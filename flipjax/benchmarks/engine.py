@@ -12,7 +12,8 @@ so both decode rates time 64 steps of the full batch. Two bounds on a decode ste
 in the same run: the weight read (a matvec over the weight bytes: every weight is read once
 per step; measured again beside each batch's runs, as a shared machine's memory bandwidth
 drifts by a third within a run) and the matmuls (the step's GEMM FLOPs at the rate of an
-[batch, 768] x [768, 32000] GEMM); each batch reports the fraction of the weight-read bound
+[batch, 768] x [768, 32000] GEMM, timed right after each of flipjax's runs:
+`flipjax.benchmarks.matmul_bound`); each batch reports the fraction of the weight-read bound
 every system reaches, and of the matmul bound flipjax reaches.
 
 `--moe` runs the mixture-of-experts variant of the model (16 experts, top-2, and a gated shared
@@ -39,14 +40,9 @@ import numpy as np
 
 from flipjax.benchmarks.kernel_paths import kernel_paths
 from flipjax.benchmarks.llama_cpp import Unavailable, prepare_llama_cpp
-from flipjax.benchmarks.machine import (
-    copy_bandwidth_gbs,
-    gemm_flops,
-    matmul_tflops,
-    matvec_seconds,
-)
+from flipjax.benchmarks.machine import copy_bandwidth_gbs, matmul_tflops, matvec_seconds
+from flipjax.benchmarks.matmul_bound import Round, describe, timed_beside
 from flipjax.benchmarks.run_timing import Timing, TokenTimes, interleaved, measure, output_times
-from kernels_pallas import native
 
 # The reference config of the engine benchmark (about 133M parameters).
 REFERENCE_CONFIG = dict(
@@ -253,8 +249,12 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
             systems["transformers"] = functools.partial(
                 measure, run_hf, batch, args.prompt_len, args.decode_tokens, runs=1
             )
-        systems["flipjax"] = functools.partial(
-            measure, run_fj, batch, args.prompt_len, args.decode_tokens, runs=1
+        fj_rounds: list[Round] = []
+        systems["flipjax"] = timed_beside(
+            functools.partial(measure, run_fj, batch, args.prompt_len, args.decode_tokens, runs=1),
+            batch,
+            dtype,
+            fj_rounds,
         )
         rows = list(interleaved(systems, args.rounds).items())  # flipjax's last
         fj = rows[-1][1]
@@ -280,15 +280,5 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
             + ", ".join(f"{name} {t.decode_tok_s / read_bound:.0%}" for name, t in rows)
         )
         flops = 2 * batch * active_parameters(config, n_params, batch, per_token=True)
-        rates = {"XLA": gemm_flops(batch, dtype=dtype)}
-        if native.available():
-            rates["native"] = gemm_flops(batch, dtype=dtype, kernel="native")
-        matmul_bound = batch / (flops / max(rates.values()))
-        print(
-            f"      flipjax decode reaches "
-            f"{fj.decode_tok_s / matmul_bound:.0%} of the matmul bound "
-            f"({matmul_bound:.0f} tok/s, at the faster GEMM: "
-            + ", ".join(f"{name} {rate / 1e9:.0f} GFLOP/s" for name, rate in rates.items())
-            + ")"
-        )
+        print(f"      {describe(fj_rounds, batch, flops)}")
     engine.check()
