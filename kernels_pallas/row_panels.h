@@ -41,6 +41,11 @@ constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
 // written once per pass).
 constexpr int64_t kWideBlock = 16;
 constexpr int64_t kWideOutputs = 1 << 16;
+constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
+// Multiply-adds that pay for waking a thread: 256 KB of an fp32 weight, about 20 us for one
+// thread to read. (At four times this, the one-row products of a 768 x 512 weight, a shared
+// expert's, ran on one thread at 14 GB/s: 115 us against 67 us on two.)
+constexpr int64_t kWorkPerThread = 1 << 16;
 
 // The most bytes of w a pass of `OneGroup` may span for its next pass to be requested while it
 // runs: this CPU's L2 (256 KB where the C library cannot tell). A request is only worth its
@@ -58,11 +63,6 @@ inline int64_t PassAheadBytes() {
   }();
   return bytes;
 }
-constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
-// Multiply-adds that pay for waking a thread: 256 KB of an fp32 weight, about 20 us for one
-// thread to read. (At four times this, the one-row products of a 768 x 512 weight, a shared
-// expert's, ran on one thread at 14 GB/s: 115 us against 67 us on two.)
-constexpr int64_t kWorkPerThread = 1 << 16;
 
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 typedef uint16_t Halves __attribute__((vector_size(kLanes * sizeof(uint16_t))));
