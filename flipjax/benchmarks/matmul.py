@@ -12,6 +12,9 @@ counts `dispatch.matmul` hands to the native kernel (this machine's calibration,
 `ragged_dot`, over the `--moe` engine benchmark's expert weights, for as many rows (token-expert
 assignments) as decode at batch 1, 8 and 32 and a 128-token prefill at batch 1 and 32 make, with
 the rows spread over the experts as uniform routing spreads them.
+
+`--strides` runs the native kernel on each weight beside a peer a cache line wider, to show
+what the weight's row stride costs it on this CPU (`matmul_strides.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flipjax.benchmarks import matmul_strides as strides
 from flipjax.benchmarks.engine import MOE_CONFIG, REFERENCE_CONFIG
 from flipjax.benchmarks.kernel_paths import native_matmul_picked
 from kernels_pallas import native
@@ -74,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--ragged", action="store_true", help="the experts' grouped matmul")
+    p.add_argument("--strides", action="store_true", help="each weight beside one a line wider")
     args = p.parse_args(argv)
     if not native.available():
         raise SystemExit("bench matmul: the native kernels do not build here (see the log)")
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
         return ragged(jnp.dtype(args.dtype), args.repeats)
     rows_list = [int(r) for r in args.rows.split(",")]
     dtype = jnp.dtype(args.dtype)
+    if args.strides:
+        return strides.report(weight_shapes(REFERENCE_CONFIG), rows_list, dtype, args.repeats)
     targets = dense_native.targets()
     ours = jax.jit(lambda x, w: dense_native.matmul(targets, x, w))
     xla = jax.jit(lambda x, w: xla_matmul(x.astype(w.dtype), w))  # as `Linear` runs it
