@@ -42,6 +42,8 @@ constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
 constexpr int64_t kWideBlock = 16;
 constexpr int64_t kWideOutputs = 1 << 16;
 constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
+// Bytes of each row of w that two groups of x's rows pack at a time (`MultiplyRun`).
+constexpr int64_t kRunBytes = 256;
 // Multiply-adds that pay for waking a thread: 256 KB of an fp32 weight, about 20 us for one
 // thread to read. (At four times this, the one-row products of a 768 x 512 weight, a shared
 // expert's, ran on one thread at 14 GB/s: 115 us against 67 us on two.)
@@ -130,9 +132,9 @@ inline Vec LoadPart(const W* p, int width) {
 }
 
 // Lines of w requested into L2 while a packed sub-tile is multiplied: rows of the sub-tile
-// packed next, from its row k0, spread over the groups of x's rows (group `phase` of `every`
-// requests every `every`-th of the `rows`), so the reads go out a few at a time beside the
-// arithmetic instead of in a burst while packing.
+// (or run of sub-tiles) packed next, from its row k0, spread over the groups of x's rows (group
+// `phase` of `every` requests every `every`-th of the `rows`), so the reads go out a few at a
+// time beside the arithmetic instead of in a burst while packing.
 template <typename W>
 struct Ahead {
   const W* w = nullptr;  // none: nothing to request
@@ -147,9 +149,9 @@ struct Ahead {
 // for the last row, whose tail is copied, and y is read and written `width` wide. The first
 // block of rows (k0 = 0) starts from zero, later ones add to y. With kPacked, w holds only
 // rows k0..k1 of the V vectors, one after another (`Pack`), and is read in place of memory,
-// while `ahead`'s rows are requested. Unpacked, each row's columns `block` rows down are
-// requested into L2 (`block` = k: none).
-template <int R, int V, bool kPartial, typename W, bool kPacked = false>
+// while `ahead`'s rows are requested, kAheadTiles sub-tiles side by side of each. Unpacked,
+// each row's columns `block` rows down are requested into L2 (`block` = k: none).
+template <int R, int V, bool kPartial, typename W, bool kPacked = false, int kAheadTiles = 1>
 void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0, int64_t k1,
            int width, Ahead<W> ahead, int64_t block) {
   Vec acc[R][V];
@@ -176,7 +178,7 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
       RequestLines<3>(wi + kPrefetch * n, V * kLanes);
     }
     if (kPacked && i - k0 == due && due < ahead.rows) {
-      RequestLines<1>(ahead.w + due * n, V * kLanes);
+      RequestLines<1>(ahead.w + due * n, kAheadTiles * V * kLanes);
       due += ahead.every;
     }
     Vec wv[V];
@@ -200,13 +202,14 @@ void Block(const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k
 }
 
 // Block for a group of `rows` rows (1 to kRows).
-template <int V, bool kPartial = false, bool kPacked = false, typename W>
+template <int V, bool kPartial = false, bool kPacked = false, int kAheadTiles = 1, typename W>
 void Rows(int rows, const float* x, const W* w, float* y, int64_t k, int64_t n, int64_t k0,
           int64_t k1, int width = kLanes, Ahead<W> ahead = {}, int64_t block = kBlock) {
   switch (rows) {
 #define FLIPJAX_ROWS(R) \
   case R:               \
-    return Block<R, V, kPartial, W, kPacked>(x, w, y, k, n, k0, k1, width, ahead, block);
+    return Block<R, V, kPartial, W, kPacked, kAheadTiles>(x, w, y, k, n, k0, k1, width, ahead, \
+                                                         block);
     FLIPJAX_ROWS(1)
     FLIPJAX_ROWS(2)
     FLIPJAX_ROWS(3)
@@ -290,6 +293,91 @@ void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
   }
 }
 
+// Rows k0..k1 of `tiles` sub-tiles side by side into `packed`, each sub-tile's rows one after
+// another as `Pack` lays them: one read of a run of each row for all of them.
+template <typename W>
+void PackRun(const W* w, W* packed, int64_t n, int64_t k0, int64_t k1, int tiles) {
+  constexpr int64_t kWidth = kPackedVectors * kLanes;
+  for (int64_t i = k0; i < k1; ++i) {
+    const W* wi = w + i * n;
+    if (i + kPrefetch < k1) RequestLines<3>(wi + kPrefetch * n, tiles * kWidth);
+    for (int t = 0; t < tiles; ++t) {
+      std::memcpy(packed + (t * (k1 - k0) + i - k0) * kWidth, wi + t * kWidth, kWidth * sizeof(W));
+    }
+  }
+}
+
+// Sub-tiles packed side by side by `MultiplyRun`: as many as make kRunBytes of a row where a
+// sub-tile's row is at most a cache line (AVX2: 4 of fp32, 8 of bf16, 16 of int8); a wider one
+// (AVX-512's fp32 and bf16) is packed alone, as for more groups.
+template <typename W>
+constexpr int kRunTiles = kPackedVectors * kLanes * sizeof(W) <= kCacheLineBytes
+                              ? static_cast<int>(kRunBytes / (kPackedVectors * kLanes * sizeof(W)))
+                              : 1;
+
+// y[0:m, first:last vectors (and `width` columns after them)] = x @ w for two groups of x's
+// rows (kRows < m <= 2 kRows), packing kRunTiles sub-tiles of each 64-row block at once. A
+// sub-tile of one line (AVX2's fp32) read alone is a column of lines a row apart, which in the
+// model's weights (rows a multiple of 1 KB apart) share a few of L1's sets, all of them one set
+// where the rows are 4 KB apart ([768, 2048] in fp32: packing it alone ran 25% slower than a
+// weight one line wider, memory only); runs of 256 bytes of each row ran 4-36% faster at 7-12
+// rows on a Zen 3, paired with packing each sub-tile alone (fp32; the MLP's [768, 2048] and
+// the lm head 8-23% at 8 rows), bf16 10-32%, int8 15-35%. At 16 rows and more the shapes
+// split both ways, so the panels there pack a sub-tile at a time. A function of its own,
+// which `MultiplyColumns` leaves for at once: called from within the panels' loop, or sharing
+// their multiplies (which GCC then compiled out of line), it slowed the panels by 4-15%.
+template <typename W>
+__attribute__((noinline)) void MultiplyRun(int64_t first, int64_t last, int width, const float* x,
+                                           const W* w, float* y, int64_t m, int64_t k,
+                                           int64_t n) {
+  constexpr int kTiles = kRunTiles<W>;
+  constexpr int64_t kTile = kPackedVectors * kLanes;
+  alignas(64) W packed[kTiles * kBlock * kTile];
+  const int64_t tiles = (last - first) / kPackedVectors;
+  const int64_t whole = first + tiles * kPackedVectors;
+  const int groups = static_cast<int>((m + kRows - 1) / kRows);
+  for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
+    const int64_t k1 = std::min(k, k0 + kBlock);
+    for (int64_t t0 = 0; t0 < tiles; t0 += kTiles) {
+      const int count = static_cast<int>(std::min<int64_t>(kTiles, tiles - t0));
+      const int64_t v = first + t0 * kPackedVectors;
+      PackRun(w + v * kLanes, packed, n, k0, k1, count);
+      // Requested while this run is multiplied: the block's next run, or the next block's
+      // first, a whole run wide (past the task's columns for a short one: a request never
+      // faults).
+      Ahead<W> ahead{nullptr, 0, count * groups, 0};
+      if (t0 + kTiles < tiles) {
+        ahead.w = w + k0 * n + (v + kTiles * kPackedVectors) * kLanes;
+        ahead.rows = k1 - k0;
+      } else if (k1 < k) {
+        ahead.w = w + k1 * n + first * kLanes;
+        ahead.rows = std::min(k, k1 + kBlock) - k1;
+      }
+      for (int t = 0; t < count; ++t) {
+        const W* tile = packed + t * (k1 - k0) * kTile;
+        for (int64_t r = 0; r < m; r += kRows, ++ahead.phase) {
+          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+          float* yr = y + r * n + (v + t * kPackedVectors) * kLanes;
+          Rows<kPackedVectors, false, true, kTiles>(rows, x + r * k, tile, yr, k, n, k0, k1,
+                                                    kLanes, ahead);
+        }
+      }
+    }
+    // The vector too few for a sub-tile, and the columns after the last whole vector.
+    for (int64_t v = whole; v < last; ++v) {
+      for (int64_t r = 0; r < m; r += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+        Rows<1>(rows, x + r * k, w + v * kLanes, y + r * n + v * kLanes, k, n, k0, k1);
+      }
+    }
+    for (int64_t r = 0; width > 0 && r < m; r += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+      const int64_t at = last * kLanes;
+      Rows<1, true>(rows, x + r * k, w + at, y + r * n + at, k, n, k0, k1, width);
+    }
+  }
+}
+
 // y[0:rows, first:last vectors (and `width` columns after them)] = x @ w for one group of rows
 // (rows <= kRows), reading w in passes of `block` rows over a chunk of the columns (a task of
 // a panel's width is one chunk). A task of the `wide` split takes passes of kWideBlock rows, so
@@ -349,6 +437,9 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
     const int64_t block = columns.wide ? kWideBlock : kBlock;
     const int width = tail ? columns.width : 0;
     return OneGroup(first, last, width, x, w, y, static_cast<int>(m), k, n, block);
+  }
+  if (columns.wide && kRunTiles<W> > 1) {
+    return MultiplyRun(first, last, tail ? columns.width : 0, x, w, y, m, k, n);
   }
   const int64_t at = last * kLanes;  // the tail's first column
   alignas(64) W packed[kBlock * kPackedVectors * kLanes];
