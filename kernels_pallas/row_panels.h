@@ -280,23 +280,11 @@ struct Columns {
   }
 };
 
-// Rows k0..k1 of kPackedVectors vectors of w (rows strided by n) into `packed`, one after
-// another, requesting rows a few ahead into L1 (they were requested into L2 while the sub-tile
-// before was multiplied).
+// Rows k0..k1 of `tiles` sub-tiles of w side by side (rows strided by n) into `packed`, each
+// sub-tile's rows one after another, from one read of a run of each row, requesting rows a few
+// ahead into L1 (they were requested into L2 while the sub-tile before was multiplied).
 template <typename W>
-void Pack(const W* w, W* packed, int64_t k, int64_t n, int64_t k0, int64_t k1) {
-  constexpr int64_t kWidth = kPackedVectors * kLanes;
-  for (int64_t i = k0; i < k1; ++i) {
-    const W* wi = w + i * n;
-    if (i + kPrefetch < k1) RequestLines<3>(wi + kPrefetch * n, kWidth);
-    std::memcpy(packed + (i - k0) * kWidth, wi, kWidth * sizeof(W));
-  }
-}
-
-// Rows k0..k1 of `tiles` sub-tiles side by side into `packed`, each sub-tile's rows one after
-// another as `Pack` lays them: one read of a run of each row for all of them.
-template <typename W>
-void PackRun(const W* w, W* packed, int64_t n, int64_t k0, int64_t k1, int tiles) {
+void Pack(const W* w, W* packed, int64_t n, int64_t k0, int64_t k1, int tiles) {
   constexpr int64_t kWidth = kPackedVectors * kLanes;
   for (int64_t i = k0; i < k1; ++i) {
     const W* wi = w + i * n;
@@ -304,6 +292,24 @@ void PackRun(const W* w, W* packed, int64_t n, int64_t k0, int64_t k1, int tiles
     for (int t = 0; t < tiles; ++t) {
       std::memcpy(packed + (t * (k1 - k0) + i - k0) * kWidth, wi + t * kWidth, kWidth * sizeof(W));
     }
+  }
+}
+
+// Block k0..k1 of the vectors [from, last) of w too few for a sub-tile, and of the `width`
+// columns after them, read in place for each group of x's m rows.
+template <typename W>
+void Leftovers(int64_t from, int64_t last, int width, const float* x, const W* w, float* y,
+               int64_t m, int64_t k, int64_t n, int64_t k0, int64_t k1) {
+  for (int64_t v = from; v < last; ++v) {
+    for (int64_t r = 0; r < m; r += kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+      Rows<1>(rows, x + r * k, w + v * kLanes, y + r * n + v * kLanes, k, n, k0, k1);
+    }
+  }
+  const int64_t at = last * kLanes;
+  for (int64_t r = 0; width > 0 && r < m; r += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+    Rows<1, true>(rows, x + r * k, w + at, y + r * n + at, k, n, k0, k1, width);
   }
 }
 
@@ -341,7 +347,7 @@ __attribute__((noinline)) void MultiplyRun(int64_t first, int64_t last, int widt
     for (int64_t t0 = 0; t0 < tiles; t0 += kTiles) {
       const int count = static_cast<int>(std::min<int64_t>(kTiles, tiles - t0));
       const int64_t v = first + t0 * kPackedVectors;
-      PackRun(w + v * kLanes, packed, n, k0, k1, count);
+      Pack(w + v * kLanes, packed, n, k0, k1, count);
       // Requested while this run is multiplied: the block's next run, or the next block's
       // first, a whole run wide (past the task's columns for a short one: a request never
       // faults).
@@ -363,18 +369,7 @@ __attribute__((noinline)) void MultiplyRun(int64_t first, int64_t last, int widt
         }
       }
     }
-    // The vector too few for a sub-tile, and the columns after the last whole vector.
-    for (int64_t v = whole; v < last; ++v) {
-      for (int64_t r = 0; r < m; r += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-        Rows<1>(rows, x + r * k, w + v * kLanes, y + r * n + v * kLanes, k, n, k0, k1);
-      }
-    }
-    for (int64_t r = 0; width > 0 && r < m; r += kRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-      const int64_t at = last * kLanes;
-      Rows<1, true>(rows, x + r * k, w + at, y + r * n + at, k, n, k0, k1, width);
-    }
+    Leftovers(whole, last, width, x, w, y, m, k, n, k0, k1);
   }
 }
 
@@ -441,13 +436,12 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
   if (columns.wide && kRunTiles<W> > 1) {
     return MultiplyRun(first, last, tail ? columns.width : 0, x, w, y, m, k, n);
   }
-  const int64_t at = last * kLanes;  // the tail's first column
   alignas(64) W packed[kBlock * kPackedVectors * kLanes];
   for (int64_t k0 = 0; k0 < k; k0 += kBlock) {
     const int64_t k1 = std::min(k, k0 + kBlock);
     int64_t v = first;
     for (; v + kPackedVectors <= last; v += kPackedVectors) {
-      Pack(w + v * kLanes, packed, k, n, k0, k1);
+      Pack(w + v * kLanes, packed, n, k0, k1, 1);
       Ahead<W> ahead{nullptr, 0, static_cast<int>((m + kRows - 1) / kRows), 0};
       if (v + 2 * kPackedVectors <= last) {
         ahead.w = w + k0 * n + (v + kPackedVectors) * kLanes;
@@ -463,16 +457,7 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
                                           ahead);
       }
     }
-    for (; v < last; ++v) {
-      for (int64_t r = 0; r < m; r += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-        Rows<1>(rows, x + r * k, w + v * kLanes, y + r * n + v * kLanes, k, n, k0, k1);
-      }
-    }
-    for (int64_t r = 0; tail && r < m; r += kRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
-      Rows<1, true>(rows, x + r * k, w + at, y + r * n + at, k, n, k0, k1, columns.width);
-    }
+    Leftovers(v, last, tail ? columns.width : 0, x, w, y, m, k, n, k0, k1);
   }
 }
 
