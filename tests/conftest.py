@@ -45,6 +45,11 @@ os.environ["XLA_FLAGS"] = (
     # XLA:CPU's older elemental emitters compile the tiny model's steps in 40% less time (an
     # engine's warmup: 18.0 -> 10.9 s of backend compiles), with the same tokens.
     + " --xla_cpu_use_fusion_emitters=false"
+    # XLA:CPU splits each program's LLVM module into parts compiled on parallel threads; the
+    # tiny model's programs are small, and two workers on two cores leave no core for the
+    # parts. In one piece, four engine test files compiled from nothing in 102-108 s against
+    # 118-137 s (two workers, alternating runs), with the same tokens.
+    + " --xla_cpu_parallel_codegen_split_count=1"
     # Eight virtual devices share two cores, so a device can reach a collective long after the
     # others; XLA aborts the process when a rendezvous waits past this (40 s by default, which
     # a loaded two-core machine can exceed). A stuck test is ended by its timeout first.
