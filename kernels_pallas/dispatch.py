@@ -26,6 +26,7 @@ from kernels_pallas.gdn import reference as gdn_reference
 from kernels_pallas.gdn.pallas_kernel import delta_rule_kernel
 from kernels_pallas.matmul import calibration as matmul_calibration
 from kernels_pallas.matmul import native_binding as matmul_native
+from kernels_pallas.matmul.native_binding import SEVERAL
 from kernels_pallas.matmul.xla_form import xla_int8_matmul
 from kernels_pallas.paged_attention import native_binding as attention_native
 from kernels_pallas.paged_attention.pages import scatter_rows
@@ -108,8 +109,7 @@ def paged_attention(
 
 
 def _native_here() -> bool:
-    """Whether native kernels run in a program traced now: `native` mode, one device or per
-    device under `head_parallel.across`."""
+    """Whether native kernels run in a program traced now: `native` mode, one device or across."""
     native_mode = current_mode() == "native"
     return native_mode and (head_parallel.current() is not None or head_parallel.local())
 
@@ -209,22 +209,23 @@ def gate(activation: str, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array], 
 def matmul(rows: int, columns: int, dtype: jnp.dtype) -> Callable[..., jax.Array] | None:
     """The native kernel for fp32 `x [rows, K] @ w [K, columns]` (`matmul.native_binding`), or
     None (XLA's dot): `native` mode, one device (the partitioner would gather a custom call's
-    weight), the rows this machine's calibration gives the dtype and width, and enough columns."""
+    weight), enough columns and the rows calibrated for the dtype and width, from the build
+    calibrated fastest there (`native_build`: each gives the same bits)."""
     if not head_parallel.local() or current_mode() != "native":  # cheapest question first
         return None
     calibrated = matmul_calibration.native_rows(dtype, columns=columns)  # none for int8
-    if columns < NATIVE_MATMUL_MIN_COLUMNS or step_rows.decode_rows(rows) not in calibrated:
+    if columns < NATIVE_MATMUL_MIN_COLUMNS or (m := step_rows.decode_rows(rows)) not in calibrated:
         return None
-    return functools.partial(matmul_native.matmul, matmul_native.targets())
+    build = matmul_calibration.native_build(dtype, m, columns=columns)
+    return functools.partial(matmul_native.matmul, matmul_native.targets(build))
 
 
 def matmuls(rows: int, columns: Sequence[int], dtype: jnp.dtype) -> Callable[..., tuple] | None:
-    """The native kernel for one x times weights of `columns` (`matmul_native.matmuls`: a call
-    for all) where `matmul` offers it for their columns together; else None."""
+    """`matmul`'s choice for one x times weights of `columns` together, in one call (`matmuls`)."""
     if jnp.dtype(dtype) not in matmul_native.SEVERAL or matmul(rows, sum(columns), dtype) is None:
         return None
-    targets = matmul_native.targets(None, matmul_native.SEVERAL)
-    return functools.partial(matmul_native.matmuls, targets)
+    build = matmul_calibration.native_build(dtype, step_rows.decode_rows(rows), None, sum(columns))
+    return functools.partial(matmul_native.matmuls, matmul_native.targets(build, SEVERAL))
 
 
 def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str) -> jax.Array:
@@ -238,10 +239,9 @@ def quantized_matmul(x: jax.Array, q: jax.Array, scale: jax.Array, *, split: str
     if split not in ("in", "out"):
         raise ValueError(f"quantized_matmul: split must be 'in' or 'out', got {split!r}")
     rows = x.reshape(-1, x.shape[-1])
-    mesh = head_parallel.current()
     if _native_here():
         kernel = int8_matmul(rows.shape[0], x.dtype)
-        if mesh is not None:
+        if (mesh := head_parallel.current()) is not None:
             kernel = head_parallel.matmul(kernel, mesh, split, q.shape)
         y = kernel(rows, q)
     elif jax.default_backend() == "cpu":

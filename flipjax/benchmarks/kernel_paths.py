@@ -32,13 +32,22 @@ def kernel_paths(batches: list[int], dtype: jnp.dtype, moe: bool) -> str:
     wide = calibration.WIDE_COLUMNS
     choice = {name: calibration.native_rows(name, isa) for name in calibration.DTYPES}
     choice |= {n + calibration.WIDE: calibration.native_rows(n, isa, wide) for n in choice}
-    paths.append(f"native matmul {calibration.describe(choice)} ({source})")
+    narrower = None if source != "calibrated here" else calibration.calibrated(isa).narrower
+    paths.append(f"native matmul {calibration.describe(choice, narrower)} ({source})")
     for batch in batches:
-        ways = ["native" if native_matmul_picked(batch, n, dtype) else "XLA" for n in (768, wide)]
+        ways = [_way(batch, n, dtype, isa) for n in (768, wide)]
         paths.append(f"batch {batch} matmuls: {ways[0]}, lm head: {ways[1]}")
     if moe:
         paths.append("experts: native grouped matmul")
     return "; ".join(paths)
+
+
+def _way(batch: int, columns: int, dtype: jnp.dtype, isa: str) -> str:
+    """`XLA`, `native`, or `native (x86-64-v3 build)` where the narrower build runs it."""
+    if not native_matmul_picked(batch, columns, dtype):
+        return "XLA"
+    build = calibration.native_build(dtype, batch, isa, columns)
+    return "native" if build == isa else f"native ({build} build)"
 
 
 def _vectors(isa: str, flags: set[str]) -> str:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels_pallas import cpu_caches
+from kernels_pallas.matmul import calibration
 from kernels_pallas.matmul import native_binding as matmul_native
 
 
@@ -64,11 +65,11 @@ def gemm_flops(
 ) -> float:
     """FLOP/s of an [m, k] x [k, n] matmul with its weight read from memory: what a batch-m
     decode step's GEMMs can run at, by XLA's dot (`kernel="xla"`) or by the native matmul
-    (`"native"`; the engine's `Linear` runs whichever this machine's calibration picked, so a
-    bound should take the faster)."""
+    (`"native"`, from the build the calibration picked for `m` rows; the engine's `Linear` runs
+    whichever this machine's calibration picked, so a bound should take the faster)."""
     weights = cpu_caches.uncached_copies(jnp.ones((k, n), dtype) * 0.5)
     if kernel == "native":
-        targets = matmul_native.targets()
+        targets = matmul_native.targets(calibration.native_build(dtype, m, columns=n))
         a = jnp.ones((m, k), jnp.float32)
         mm = jax.jit(lambda x, w: matmul_native.matmul(targets, x, w))
     else:

@@ -162,14 +162,12 @@ def _named_part(part: Any) -> str:
 
 def _kernel_choices() -> tuple[object, ...]:
     """What `kernels_pallas.dispatch` decides by for a program traced now: the mode, the GDN
-    prefill form, and for the native kernels their instruction set and the matmul's row counts
-    (this machine's calibration, or `FLIPJAX_NATIVE_MATMUL_ROWS`)."""
+    prefill form, and for the native kernels their instruction set and the matmul's choice of
+    row counts and builds (this machine's calibration, or `FLIPJAX_NATIVE_MATMUL_ROWS`)."""
     mode = dispatch.current_mode()
     if mode != "native" or not native.available():
         return (mode, dispatch.prefill_form())
-    choose = calibration.native_rows
-    rows = [(d, choose(d), choose(d, None, calibration.WIDE_COLUMNS)) for d in calibration.DTYPES]
-    return (mode, dispatch.prefill_form(), native.build_isa(), rows)
+    return (mode, dispatch.prefill_form(), calibration.in_force())
 
 
 def _jax_trace_state() -> str:

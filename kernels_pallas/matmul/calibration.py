@@ -3,37 +3,40 @@ dot once per kernel build, for a mid-size projection and for a weight as wide as
 and cached with the build.
 
 Where the kernel beats XLA's dot depends on the CPU, so no constant holds everywhere. On one
-AVX-512 machine the fp32 kernel won from 2 to 32 rows; built for AVX2 on the same machine it
-lost from 32 rows on, to half XLA's rate (`python -m flipjax.bench matmul`). The first use of
+AVX-512 machine the fp32 kernel won from 2 to 32 rows; built for AVX2 on the same machine it lost
+from 32 rows on, to half XLA's rate (`python -m flipjax.bench matmul`). The first use of
 `native_rows` for a build therefore times both products as the engine runs them, over weights
 spanning twice the last-level cache this CPU reports (a decode step reads each weight once, from
-memory; see `kernels_pallas.cpu_caches`), and keeps, per weight
-dtype, the run of candidate row counts over which the kernel saved the most. Weights of
-`WIDE_COLUMNS` columns or more (an lm head) have a choice of their own: the same AVX2 build lost
-to XLA's dot from 16 rows on a [768, 32000] weight while it won at 16-48 rows on [1024, 2048]
-(two calibrations each, one machine), so one choice for both gave the lm head to the slower
-path or the projections to it. The choice is
-written beside the kernel's library, under the same key (source, flags, jaxlib, CPU), so it is
-made once: every later step and process dispatches the same way, and a row count never flips
-between paths from one run to the next, so neither do tokens.
+memory; see `kernels_pallas.cpu_caches`), and keeps, per weight dtype, the run of candidate row
+counts over which the kernel saved the most. Weights of `WIDE_COLUMNS` columns or more (an lm head)
+have a choice of their own: the same AVX2 build lost to XLA's dot from 16 rows on a [768, 32000]
+weight while it won at 16-48 rows on [1024, 2048] (two calibrations each, one machine), so one
+choice for both gave the lm head to the slower path or the projections to it. The choice is written
+beside the kernel's library, under the same key (source, flags, jaxlib, CPU), so it is made once:
+every later step and process dispatches the same way, and a row count never flips between paths
+from one run to the next, so neither do tokens.
 
-`FLIPJAX_NATIVE_MATMUL_ROWS` sets the choice instead, for weights of every width:
-`float32=2-32,bfloat16=1-8` (a dtype left out runs XLA's dot), or `none`. This module imports
-nothing from flipjax.
+A build of AVX-512 kernels also times the AVX2 build's (`x86-64-v3`): its products are the same
+bits (each output sums over k in order, whatever the vector width; `measure` checks it), and on a
+2-core AMD Zen 4 it ran the 8-row products of a decode step's [768, 2048] and [2048, 768] weights
+15-30% faster than the AVX-512 build, which won by 25-45% from 16 rows. Where the narrower build is
+faster by more than a tie, it takes that row count (`native_build`).
+
+`FLIPJAX_NATIVE_MATMUL_ROWS` sets the choice instead, for weights of every width (run by the
+build's own kernel): `float32=2-32,bfloat16=1-8` (a dtype left out runs XLA's dot), or `none`. This
+module imports nothing from flipjax.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
-import json
 import logging
 import os
 import statistics
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -41,25 +44,27 @@ import numpy as np
 
 from kernels_pallas import cpu_caches, native
 from kernels_pallas.matmul import native_binding
+from kernels_pallas.matmul.calibration_file import (
+    CACHE_SUFFIX,
+    CANDIDATE_ROWS,
+    DTYPES,
+    KEYS,
+    MAX_ROWS,
+    WIDE,
+    Choice,
+    Times,
+    load,
+    store,
+)
 from kernels_pallas.matmul.xla_form import xla_matmul
-from kernels_pallas.private_files import private_problem, write_private
 
 ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
-DTYPES = ("float32", "bfloat16")
-CANDIDATE_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
 WIDE_SHAPE = (1024, 32000)  # a vocabulary's width (not a power of two, as vocabularies are not)
 WIDE_COLUMNS = 8192  # a weight this wide dispatches by the choice WIDE_SHAPE measured
-WIDE = ":wide"  # the suffix of a dtype's name that keys its wide weights' choice
 ROUNDS = 5
 TIE = 0.03  # the kernel at most this much slower than XLA's dot: a tie, as noise goes
-MAX_ROWS = 1 << 16
-CACHE_SUFFIX = ".rows.json"
-
-# Per dtype name (with WIDE for wide weights), per row count: (native seconds, XLA seconds) per
-# product.
-Times = dict[str, dict[int, tuple[float, float]]]
-KEYS = (*DTYPES, *(name + WIDE for name in DTYPES))
+NARROWER = "x86-64-v3"  # the build an AVX-512 build's calibration times beside its own
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -75,7 +80,41 @@ def native_rows(dtype: jnp.dtype, isa: str | None = None, columns: int = 0) -> r
     if spec:
         return parse(spec).get(name, range(0))
     choice = calibrated(isa or native.build_isa())
-    return choice.get(name + WIDE if columns >= WIDE_COLUMNS else name, range(0))
+    return choice.rows.get(_key(name, columns), range(0))
+
+
+def native_build(dtype: jnp.dtype, rows: int, isa: str | None = None, columns: int = 0) -> str:
+    """The build whose kernel multiplies `rows` rows (a decode step's) by a `dtype` weight of
+    `columns` columns, among those the build `isa` (default: `native.build_isa()`) may use:
+    NARROWER where its calibration found it faster at the largest candidate row count at or
+    below `rows`, else `isa` itself (always, where `FLIPJAX_NATIVE_MATMUL_ROWS` is set)."""
+    isa = isa or native.build_isa()
+    if os.environ.get(ROWS_ENV):
+        return isa
+    narrower = calibrated(isa).narrower.get(_key(jnp.dtype(dtype).name, columns), ())
+    candidate = max((m for m in CANDIDATE_ROWS if m <= rows), default=0)
+    return NARROWER if candidate in narrower else isa
+
+
+def in_force(isa: str | None = None) -> tuple[object, ...]:
+    """All that `native_rows` and `native_build` answer from for the build `isa` (default:
+    `native.build_isa()`), for the keys of programs traced under it."""
+    isa = isa or native.build_isa()
+    if spec := os.environ.get(ROWS_ENV):
+        return (isa, spec)
+    choice = calibrated(isa)
+    rows = sorted((name, r.start, r.stop) for name, r in choice.rows.items())
+    return (isa, rows, sorted(choice.narrower.items()))
+
+
+def narrower_build(isa: str) -> str | None:
+    """NARROWER, where `isa` builds AVX-512 kernels and this CPU runs NARROWER's; else None."""
+    wide = isa == "x86-64-v4" or (isa == "native" and "avx512f" in native.cpu_flags())
+    return NARROWER if wide and native.runs_here(NARROWER) else None
+
+
+def _key(name: str, columns: int) -> str:
+    return name + WIDE if columns >= WIDE_COLUMNS else name
 
 
 @functools.cache
@@ -98,14 +137,14 @@ def parse(spec: str) -> dict[str, range]:
     return choice
 
 
-def calibrated(isa: str) -> dict[str, range]:
+def calibrated(isa: str) -> Choice:
     """The cached choice for the build `isa`, measured and cached first if there is none."""
     with _lock:
         return _calibrated(isa)
 
 
 @functools.cache
-def _calibrated(isa: str) -> dict[str, range]:
+def _calibrated(isa: str) -> Choice:
     path = native.cached_beside("matmul", isa, CACHE_SUFFIX)
     choice = load(path)
     if choice is None:
@@ -113,27 +152,41 @@ def _calibrated(isa: str) -> dict[str, range]:
         # the products timed here must run, not be staged into that trace.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             times = pool.submit(measure, isa).result()
-        choice = choose(times)
+        choice = Choice(choose(times), choose_narrower(times))
         store(path, choice, times)
         log.info(
             "native matmul calibrated for the %s build: %s (cached in %s)",
             isa,
-            describe(choice),
+            describe(choice.rows, choice.narrower),
             path,
         )
     return choice
 
 
-def describe(choice: dict[str, range]) -> str:
+def describe(choice: dict[str, range], narrower: dict[str, tuple[int, ...]] | None = None) -> str:
     """`float32 rows 2-32, bfloat16 rows 1-8` (`XLA` for a dtype the kernel never takes), then
-    the wide weights' choice where the choice has one (`float32:wide rows 2-8`)."""
+    the wide weights' choice where the choice has one (`float32:wide rows 2-8`), each with the
+    row counts NARROWER's kernel runs (`float32 rows 1-64 (8 by x86-64-v3)`)."""
     parts = []
     for name in KEYS:
         if name not in choice and name.endswith(WIDE):
             continue
         rows = choice.get(name, range(0))
-        parts.append(f"{name} rows {rows.start}-{rows.stop - 1}" if rows else f"{name} XLA")
+        part = f"{name} rows {rows.start}-{rows.stop - 1}" if rows else f"{name} XLA"
+        if rows and (by := [m for m in (narrower or {}).get(name, ()) if m in rows]):
+            part += f" ({', '.join(map(str, by))} by {NARROWER})"
+        parts.append(part)
     return ", ".join(parts)
+
+
+def choose_narrower(times: Times) -> dict[str, tuple[int, ...]]:
+    """Per dtype, the row counts at which NARROWER's kernel was faster than the build's own by
+    more than a tie (`TIE`): at a tie the build's own runs, so the choice follows only what the
+    noise cannot explain."""
+    return {
+        name: tuple(m for m, t in sorted(by_rows.items()) if len(t) > 2 and t[2] * (1 + TIE) < t[0])
+        for name, by_rows in times.items()
+    }
 
 
 def choose(times: Times) -> dict[str, range]:
@@ -148,7 +201,8 @@ def choose(times: Times) -> dict[str, range]:
     choice = {}
     for name, by_rows in times.items():
         rows = sorted(by_rows)
-        ratio = [by_rows[m][0] / by_rows[m][1] for m in rows]
+        narrower = choose_narrower({name: by_rows})[name]
+        ratio = [by_rows[m][2 if m in narrower else 0] / by_rows[m][1] for m in rows]
         best, first, last = 0.0, 0, -1
         total, start = 0.0, 0
         for i in range(len(rows)):
@@ -176,13 +230,16 @@ def measure(
 ) -> Times:
     """Per dtype and row count, XLA's fastest of `rounds` passes over enough copies of a
     `shape` weight to fill `sweep_bytes` (default: twice the last-level cache), per product, and
-    the kernel's: that times the median of the rounds' ratios, each round timing the two back to
-    back (a shared machine's speed drifts by a third within a minute; each path's own fastest
+    the kernel's: that times the median of the rounds' ratios, each round timing the paths back
+    to back (a shared machine's speed drifts by a third within a minute; each path's own fastest
     pass, taken apart, chose differently from one calibration to the next). The same for a
-    `wide_shape` weight, under the dtype's name with WIDE."""
+    `wide_shape` weight, under the dtype's name with WIDE. Where `isa` has a narrower build
+    (`narrower_build`), its kernel is timed in the same rounds, if its products are the build's
+    own bit for bit (else it is left out, and the log says why)."""
     device = jax.local_devices(backend="cpu")[0]
-    targets = native_binding.targets(isa)
-    ours = jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
+    kernels = {isa: _kernel(isa)}
+    if (narrower := narrower_build(isa)) is not None:
+        kernels[narrower] = _kernel(narrower)
     theirs = jax.jit(xla_matmul)
     rng = np.random.default_rng(0)
     times: Times = {}
@@ -196,16 +253,29 @@ def measure(
         for m in rows:
             x = jax.device_put(rng.standard_normal((m, k)).astype(np.float32), device)
             x_model = x.astype(dtype)  # Linear's input on XLA's path is in the model's dtype
-            _check_agree(np.asarray(ours(x, weights[0])), np.asarray(theirs(x_model, weights[0])))
-            native_pass = _timed_pass(lambda w, x=x: ours(x, w), weights)
+            ours = np.asarray(kernels[isa](x, weights[0]))
+            _check_agree(ours, np.asarray(theirs(x_model, weights[0])))
+            if narrower in kernels and not np.array_equal(kernels[narrower](x, weights[0]), ours):
+                log.warning("the %s build's matmul differs from the %s build's", narrower, isa)
+                del kernels[narrower]
+            passes = [_timed_pass(lambda w, f=f, x=x: f(x, w), weights) for f in kernels.values()]
             xla_pass = _timed_pass(lambda w, x=x_model: theirs(x, w), weights)
-            ratios, fastest = [], float("inf")
+            ratios: list[list[float]] = [[] for _ in passes]
+            fastest = float("inf")
             for _ in range(rounds):
-                native_s, xla_s = native_pass(), xla_pass()
-                ratios.append(native_s / xla_s)
+                kernel_s = [timed() for timed in passes]
+                xla_s = xla_pass()
+                for r, t in zip(ratios, kernel_s, strict=True):
+                    r.append(t / xla_s)
                 fastest = min(fastest, xla_s)
-            times[name][m] = (statistics.median(ratios) * fastest / copies, fastest / copies)
+            kernel_times = [statistics.median(r) * fastest / copies for r in ratios]
+            times[name][m] = (kernel_times[0], fastest / copies, *kernel_times[1:])
     return times
+
+
+def _kernel(isa: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    targets = native_binding.targets(isa)
+    return jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
 
 
 def _check_agree(native_y: np.ndarray, xla_y: np.ndarray) -> None:
@@ -226,39 +296,3 @@ def _timed_pass(product: Callable[[jax.Array], jax.Array], weights: list[jax.Arr
         return time.perf_counter() - t0
 
     return timed
-
-
-def load(path: Path) -> dict[str, range] | None:
-    """The choice cached at `path`; None (and why, logged) if there is none that can be
-    trusted: absent, not this user's own or writable by others, or not a valid choice."""
-    if not os.path.lexists(path):
-        return None
-    problem = private_problem(path, "file")
-    if problem is None:
-        try:
-            cached = json.loads(path.read_text())["rows"]
-            return {name: _checked_range(cached[name]) for name in KEYS}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            problem = f"is not a valid choice ({type(e).__name__}: {e})"
-    log.warning("native matmul calibration %s %s; measuring again", path, problem)
-    return None
-
-
-def _checked_range(bounds: object) -> range:
-    if bounds is None:
-        return range(0)
-    if not (isinstance(bounds, list) and len(bounds) == 2 and all(type(b) is int for b in bounds)):
-        raise ValueError(f"rows must be [low, high] or null, got {bounds!r}")
-    lo, hi = bounds
-    if not 1 <= lo <= hi <= MAX_ROWS:
-        raise ValueError(f"rows [{lo}, {hi}] outside 1 <= low <= high <= {MAX_ROWS}")
-    return range(lo, hi + 1)
-
-
-def store(path: Path, choice: dict[str, range], times: Times) -> None:
-    """Write the choice (and the times behind it) to `path` atomically, readable by this user
-    only: a reader never sees half a file."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    rows = {n: [r.start, r.stop - 1] if (r := choice.get(n, range(0))) else None for n in KEYS}
-    seconds = {n: {str(m): list(t) for m, t in by_rows.items()} for n, by_rows in times.items()}
-    write_private(path, json.dumps({"rows": rows, "seconds": seconds}).encode())
