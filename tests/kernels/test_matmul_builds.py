@@ -7,7 +7,6 @@ the build's own kernel.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 
@@ -20,10 +19,10 @@ from jax.sharding import Mesh
 from kernels_pallas import dispatch, head_parallel, native
 from kernels_pallas.matmul import calibration
 from kernels_pallas.matmul import native_binding as matmul_native
+from tests.support.calibrations import fresh_calibration, small_measure
 
 F32, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
 NARROWER = calibration.NARROWER
-REAL_MEASURE = calibration.measure
 
 
 def _times(triples: dict[int, tuple[float, float]]) -> dict[int, tuple[float, ...]]:
@@ -64,13 +63,8 @@ def test_only_an_avx512_build_has_a_narrower_one(monkeypatch, isa, flags, narrow
 def unpinned(tmp_path, monkeypatch):
     """No choice set by the variable, a fresh cache, and calibrations whose narrower build wins
     at 8 rows (and, for the lm head, at 2)."""
-    monkeypatch.delenv(calibration.ROWS_ENV, raising=False)
-    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "native"))
-    calibration._calibrated.cache_clear()
-    measured = []
 
-    def fake_measure(isa: str):
-        measured.append(isa)
+    def times() -> calibration.Times:
         both = {1: (1.0, 1.0), 2: (0.6, 0.6), 8: (0.7, 0.5), 16: (0.6, 0.8)}
         return {
             "float32": _times(both),
@@ -79,9 +73,7 @@ def unpinned(tmp_path, monkeypatch):
             "bfloat16:wide": _times({1: (1.5, 1.5)}),
         }
 
-    monkeypatch.setattr(calibration, "measure", fake_measure)
-    yield measured
-    calibration._calibrated.cache_clear()
+    yield from fresh_calibration(tmp_path, monkeypatch, times)
 
 
 def test_the_choice_of_build_is_cached_and_read_back(unpinned):
@@ -166,16 +158,8 @@ def test_a_narrower_build_whose_bits_differ_is_left_out(unpinned, monkeypatch, c
         return own if isa != NARROWER else jax.jit(lambda x, w: own(x, w) * (1 + 2**-20))
 
     monkeypatch.setattr(calibration, "_kernel", kernel)
-    small = functools.partial(
-        REAL_MEASURE,
-        rows=(2, 8),
-        shape=(256, 512),
-        sweep_bytes=1 << 20,
-        rounds=1,
-        wide_shape=(256, 1024),
-    )
     with caplog.at_level(logging.WARNING, logger=calibration.__name__):
-        times = small(native.build_isa())
+        times = small_measure(native.build_isa())
     assert f"the {NARROWER} build's matmul differs" in caplog.text
     assert all(len(t) == 2 for by_rows in times.values() for t in by_rows.values())
     assert calibration.choose_narrower(times) == {name: () for name in calibration.KEYS}

@@ -11,7 +11,6 @@ to the kernel; the tests here unset it.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from jax.sharding import Mesh
 from flipjax.model.layers import Linear
 from kernels_pallas import cpu_caches, dispatch, head_parallel, native
 from kernels_pallas.matmul import calibration
+from tests.support.calibrations import fresh_calibration, small_measure
 
 F32, BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)
 REAL_MEASURE = calibration.measure  # the fixture below replaces it
@@ -64,13 +64,8 @@ def test_a_tie_at_either_end_of_the_run_joins_it():
 @pytest.fixture()
 def unpinned(tmp_path, monkeypatch):
     """No choice set by the variable, and a fresh cache whose calibrations are counted."""
-    monkeypatch.delenv(calibration.ROWS_ENV, raising=False)
-    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "native"))
-    calibration._calibrated.cache_clear()
-    measured = []
 
-    def fake_measure(isa: str):
-        measured.append(isa)
+    def times() -> calibration.Times:
         return {
             "float32": _times({1: 1.1, 2: 0.5, 4: 0.6, 8: 1.2}),
             "bfloat16": _times({1: 0.5, 2: 1.5}),
@@ -79,9 +74,7 @@ def unpinned(tmp_path, monkeypatch):
             "bfloat16:wide": _times({1: 1.5, 2: 1.5}),
         }
 
-    monkeypatch.setattr(calibration, "measure", fake_measure)
-    yield measured
-    calibration._calibrated.cache_clear()
+    yield from fresh_calibration(tmp_path, monkeypatch, times)
 
 
 def test_it_is_measured_once_per_build_then_read_from_the_cache(unpinned):
@@ -168,15 +161,7 @@ def test_the_variable_sets_the_choice_and_a_bad_one_is_refused_by_name(monkeypat
 
 def test_a_real_calibration_runs_while_a_step_is_traced(unpinned, monkeypatch):
     """The first use is at trace time; the timed products must run, not join the trace."""
-    small = functools.partial(
-        REAL_MEASURE,
-        rows=(2, 8),
-        shape=(256, 512),
-        sweep_bytes=1 << 20,
-        rounds=1,
-        wide_shape=(256, 1024),
-    )
-    monkeypatch.setattr(calibration, "measure", small)
+    monkeypatch.setattr(calibration, "measure", small_measure)
     one = Mesh(np.array(jax.devices()[:1]), ("tp",))
     lin = Linear(256, 512, dtype=jnp.float32, rngs=nnx.Rngs(0))
     x = jnp.ones((2, 256), jnp.float32)
