@@ -19,8 +19,8 @@ from one run to the next, so neither do tokens.
 A build of AVX-512 kernels also times the AVX2 build's (`x86-64-v3`): its products are the same
 bits (each output sums over k in order, whatever the vector width; `measure` checks it), and on a
 2-core AMD Zen 4 it ran the 8-row products of a decode step's [768, 2048] and [2048, 768] weights
-15-30% faster than the AVX-512 build, which won by 25-45% from 16 rows. Where the narrower build is
-faster by more than a tie, it takes that row count (`native_build`).
+7-30% faster than the AVX-512 build, and took 1.24-1.58 times as long from 16 rows. Where the
+narrower build is faster by more than a tie, it takes that row count (`native_build`).
 
 `FLIPJAX_NATIVE_MATMUL_ROWS` sets the choice instead, for weights of every width (run by the
 build's own kernel): `float32=2-32,bfloat16=1-8` (a dtype left out runs XLA's dot), or `none`. This
@@ -97,8 +97,7 @@ def native_build(dtype: jnp.dtype, rows: int, isa: str | None = None, columns: i
 
 
 def in_force(isa: str | None = None) -> tuple[object, ...]:
-    """All that `native_rows` and `native_build` answer from for the build `isa` (default:
-    `native.build_isa()`), for the keys of programs traced under it."""
+    """All that `native_rows` and `native_build` answer from: the key of programs traced now."""
     isa = isa or native.build_isa()
     if spec := os.environ.get(ROWS_ENV):
         return (isa, spec)
@@ -197,7 +196,8 @@ def choose(times: Times) -> dict[str, range]:
     at either end where the two tie (within `TIE`): one row is a matvec on either path, bound by
     reading the weight, so which wins there is noise (one calibration gave it to XLA by 1.3%,
     and its one-row decode steps then took 9% longer than the kernel's), and the kernel gives a
-    row the same result whatever the rows beside it."""
+    row the same result whatever the rows beside it. The kernel's time at a row count that
+    `choose_narrower` gives the narrower build is that build's."""
     choice = {}
     for name, by_rows in times.items():
         rows = sorted(by_rows)
@@ -270,6 +270,8 @@ def measure(
                 fastest = min(fastest, xla_s)
             kernel_times = [statistics.median(r) * fastest / copies for r in ratios]
             times[name][m] = (kernel_times[0], fastest / copies, *kernel_times[1:])
+    if len(kernels) == 1:  # none, or one that differed somewhere: trusted nowhere
+        times = {name: {m: t[:2] for m, t in by_rows.items()} for name, by_rows in times.items()}
     return times
 
 
