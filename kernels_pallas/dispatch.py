@@ -257,8 +257,8 @@ def int8_matmul(rows: int, dtype: jnp.dtype) -> Callable[[jax.Array, jax.Array],
     the most rows calibrated native for x's dtype, XLA's GEMM widening a block of columns at a
     time above (it beat the kernel on the model's weights: bf16 GEMMs on bf16 dot units)."""
     calibrated = matmul_calibration.native_rows(dtype) if dtype in matmul_native.HANDLERS else ()
-    if step_rows.decode_rows(rows) <= max(calibrated, default=1):
-        targets = matmul_native.targets()
+    if (m := step_rows.decode_rows(rows)) <= max(calibrated, default=1):
+        targets = matmul_native.targets(matmul_calibration.native_build(jnp.int8, m))
         return lambda x, q: matmul_native.matmul(targets, x.astype(jnp.float32), q)
     return xla_int8_matmul
 

@@ -48,15 +48,18 @@ from kernels_pallas.matmul.calibration_file import (
     CACHE_SUFFIX,
     CANDIDATE_ROWS,
     DTYPES,
+    INT8,
     KEYS,
     MAX_ROWS,
+    NARROWER,
     WIDE,
     Choice,
     Times,
+    describe,
     load,
     store,
 )
-from kernels_pallas.matmul.xla_form import xla_matmul
+from kernels_pallas.matmul.xla_form import xla_int8_matmul, xla_matmul
 
 ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
 WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
@@ -64,7 +67,6 @@ WIDE_SHAPE = (1024, 32000)  # a vocabulary's width (not a power of two, as vocab
 WIDE_COLUMNS = 8192  # a weight this wide dispatches by the choice WIDE_SHAPE measured
 ROUNDS = 5
 TIE = 0.03  # the kernel at most this much slower than XLA's dot: a tie, as noise goes
-NARROWER = "x86-64-v3"  # the build an AVX-512 build's calibration times beside its own
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -113,7 +115,7 @@ def narrower_build(isa: str) -> str | None:
 
 
 def _key(name: str, columns: int) -> str:
-    return name + WIDE if columns >= WIDE_COLUMNS else name
+    return name + WIDE if columns >= WIDE_COLUMNS and name != INT8 else name
 
 
 @functools.cache
@@ -151,7 +153,9 @@ def _calibrated(isa: str) -> Choice:
         # the products timed here must run, not be staged into that trace.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             times = pool.submit(measure, isa).result()
-        choice = Choice(choose(times), choose_narrower(times))
+        choice = Choice(
+            choose({k: t for k, t in times.items() if k in KEYS}), choose_narrower(times)
+        )
         store(path, choice, times)
         log.info(
             "native matmul calibrated for the %s build: %s (cached in %s)",
@@ -160,22 +164,6 @@ def _calibrated(isa: str) -> Choice:
             path,
         )
     return choice
-
-
-def describe(choice: dict[str, range], narrower: dict[str, tuple[int, ...]] | None = None) -> str:
-    """`float32 rows 2-32, bfloat16 rows 1-8` (`XLA` for a dtype the kernel never takes), then
-    the wide weights' choice where the choice has one (`float32:wide rows 2-8`), each with the
-    row counts NARROWER's kernel runs (`float32 rows 1-64 (8 by x86-64-v3)`)."""
-    parts = []
-    for name in KEYS:
-        if name not in choice and name.endswith(WIDE):
-            continue
-        rows = choice.get(name, range(0))
-        part = f"{name} rows {rows.start}-{rows.stop - 1}" if rows else f"{name} XLA"
-        if rows and (by := [m for m in (narrower or {}).get(name, ()) if m in rows]):
-            part += f" ({', '.join(map(str, by))} by {NARROWER})"
-        parts.append(part)
-    return ", ".join(parts)
 
 
 def choose_narrower(times: Times) -> dict[str, tuple[int, ...]]:
@@ -240,26 +228,32 @@ def measure(
     kernels = {isa: _kernel(isa)}
     if (narrower := narrower_build(isa)) is not None:
         kernels[narrower] = _kernel(narrower)
-    theirs = jax.jit(xla_matmul)
     rng = np.random.default_rng(0)
     times: Times = {}
     shapes = {**{d: shape for d in DTYPES}, **{d + WIDE: wide_shape for d in DTYPES}}
+    if narrower is not None:
+        shapes[INT8] = shape  # for the choice of build: the engine's int8 rows follow x's dtype
     for name, (k, n) in shapes.items():
         dtype = jnp.dtype(name.removesuffix(WIDE))
-        first = jax.device_put((rng.standard_normal((k, n)) * 0.02).astype(dtype), device)
+        quantized = name == INT8
+        theirs = jax.jit(xla_int8_matmul if quantized else xla_matmul)
+        weight = (
+            rng.integers(-127, 128, (k, n)) if quantized else rng.standard_normal((k, n)) * 0.02
+        )
+        first = jax.device_put(weight.astype(dtype), device)
         weights = cpu_caches.uncached_copies(first, sweep_bytes)
         copies = len(weights)
         times[name] = {}
         for m in rows:
             x = jax.device_put(rng.standard_normal((m, k)).astype(np.float32), device)
-            x_model = x.astype(dtype)  # Linear's input on XLA's path is in the model's dtype
+            x_model = x if quantized else x.astype(dtype)  # Linear's input on XLA's path
             ours = np.asarray(kernels[isa](x, weights[0]))
             _check_agree(ours, np.asarray(theirs(x_model, weights[0])))
             if narrower in kernels and not np.array_equal(kernels[narrower](x, weights[0]), ours):
                 log.warning("the %s build's matmul differs from the %s build's", narrower, isa)
                 del kernels[narrower]
             passes = [_timed_pass(lambda w, f=f, x=x: f(x, w), weights) for f in kernels.values()]
-            xla_pass = _timed_pass(lambda w, x=x_model: theirs(x, w), weights)
+            xla_pass = _timed_pass(lambda w, x=x_model, f=theirs: f(x, w), weights)
             ratios: list[list[float]] = [[] for _ in passes]
             fastest = float("inf")
             for _ in range(rounds):

@@ -1,7 +1,7 @@
 """The native matmul's calibration as cached beside its build (`calibration.py` measures and
 chooses): a small JSON file, written atomically and readable by its owner only, and read back
 only if it is this user's own, nobody else can write it, and every value is one a calibration
-could have chosen. This module imports nothing from flipjax."""
+could have chosen; and the choice in words. This module imports nothing from flipjax."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ DTYPES = ("float32", "bfloat16")
 CANDIDATE_ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 WIDE = ":wide"  # the suffix of a dtype's name that keys its wide weights' choice
 KEYS = (*DTYPES, *(name + WIDE for name in DTYPES))
+INT8 = "int8"  # quantized weights: timed for the choice of build only (see `native_build`)
+NARROWER_KEYS = (*KEYS, INT8)
 MAX_ROWS = 1 << 16
+NARROWER = "x86-64-v3"  # the build an AVX-512 build's calibration times beside its own
 CACHE_SUFFIX = ".choice.json"
 
 # Per dtype name (with WIDE for wide weights), per row count: (native seconds, XLA seconds) per
@@ -46,7 +49,7 @@ def load(path: Path) -> Choice | None:
         try:
             cached = json.loads(path.read_text())
             rows = {name: _checked_range(cached["rows"][name]) for name in KEYS}
-            narrower = {name: _checked_rows(cached["narrower"][name]) for name in KEYS}
+            narrower = {name: _checked_rows(cached["narrower"][name]) for name in NARROWER_KEYS}
             return Choice(rows, narrower)
         except (OSError, ValueError, KeyError, TypeError) as e:
             problem = f"is not a valid choice ({type(e).__name__}: {e})"
@@ -77,7 +80,23 @@ def store(path: Path, choice: Choice, times: Times) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     rows = choice.rows
     ranges = {n: [r.start, r.stop - 1] if (r := rows.get(n, range(0))) else None for n in KEYS}
-    narrower = {n: list(choice.narrower.get(n, ())) for n in KEYS}
+    narrower = {n: list(choice.narrower.get(n, ())) for n in NARROWER_KEYS}
     seconds = {n: {str(m): list(t) for m, t in by_rows.items()} for n, by_rows in times.items()}
     body = {"rows": ranges, "narrower": narrower, "seconds": seconds}
     write_private(path, json.dumps(body).encode())
+
+
+def describe(choice: dict[str, range], narrower: dict[str, tuple[int, ...]] | None = None) -> str:
+    """`float32 rows 2-32, bfloat16 rows 1-8` (`XLA` for a dtype the kernel never takes), then
+    the wide weights' choice where the choice has one (`float32:wide rows 2-8`), each with the
+    row counts NARROWER's kernel runs (`float32 rows 1-64 (8 by x86-64-v3)`)."""
+    parts = []
+    for name in KEYS:
+        if name not in choice and name.endswith(WIDE):
+            continue
+        rows = choice.get(name, range(0))
+        part = f"{name} rows {rows.start}-{rows.stop - 1}" if rows else f"{name} XLA"
+        if rows and (by := [m for m in (narrower or {}).get(name, ()) if m in rows]):
+            part += f" ({', '.join(map(str, by))} by {NARROWER})"
+        parts.append(part)
+    return ", ".join(parts)

@@ -71,6 +71,7 @@ def unpinned(tmp_path, monkeypatch):
             "bfloat16": _times({1: (0.5, 0.6)}),
             "float32:wide": _times({1: (1.0, 1.0), 2: (0.8, 0.6), 8: (0.7, 0.7)}),
             "bfloat16:wide": _times({1: (1.5, 1.5)}),
+            "int8": _times({1: (0.5, 0.6), 8: (0.5, 0.4)}),  # timed for the build only
         }
 
     yield from fresh_calibration(tmp_path, monkeypatch, times)
@@ -83,6 +84,9 @@ def test_the_choice_of_build_is_cached_and_read_back(unpinned):
     assert calibration.native_build(F32, 2, "native") == "native"
     assert calibration.native_build(F32, 2, "native", columns=32000) == NARROWER
     assert calibration.native_build(BF16, 8, "native") == "native"
+    assert calibration.native_build(jnp.int8, 8, "native", columns=32000) == NARROWER
+    assert calibration.native_build(jnp.int8, 1, "native") == "native"
+    assert "int8" not in calibration.calibrated("native").rows  # rows follow x's dtype
     calibration._calibrated.cache_clear()  # a new process
     assert calibration.native_build(F32, 8, "native") == NARROWER
     assert unpinned == ["native"]  # read, not measured
@@ -93,6 +97,7 @@ def test_the_choice_of_build_is_cached_and_read_back(unpinned):
         "bfloat16": [],
         "float32:wide": [2],
         "bfloat16:wide": [],
+        "int8": [8],
     }
     assert calibration.describe(calibration.load(path).rows, cached["narrower"]) == (
         f"float32 rows 1-16 (8 by {NARROWER}), bfloat16 rows 1-1, "
@@ -126,18 +131,29 @@ def test_a_step_dispatches_its_products_to_the_chosen_build(unpinned, monkeypatc
         assert dispatch.matmuls(2, (128, 128), F32).args[0] == matmul_native.targets(
             isa, matmul_native.SEVERAL
         )
+        x, q = jnp.ones((8, 256), jnp.float32), jnp.ones((256, 512), jnp.int8)
+        int8_program = jax.jit(dispatch.int8_matmul(8, F32)).lower(x, q).as_text()
+        assert matmul_native.targets(NARROWER)[jnp.dtype(jnp.int8)] in int8_program
     monkeypatch.setenv(calibration.ROWS_ENV, "float32=1-64")
     with dispatch.kernels("native"), head_parallel.across(one):
         assert dispatch.matmul(8, 2048, F32).args == (matmul_native.targets(isa),)
+        int8_program = jax.jit(dispatch.int8_matmul(8, F32)).lower(x, q).as_text()
+        assert matmul_native.targets(isa)[jnp.dtype(jnp.int8)] in int8_program
+        assert matmul_native.targets(NARROWER)[jnp.dtype(jnp.int8)] not in int8_program
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("dtype", [F32, BF16, jnp.dtype(jnp.int8)])
 def test_the_narrower_build_gives_the_same_bits(dtype):
     """What makes the choice free: each output sums over k in order, whatever the width."""
     builds = [isa for isa in ("native", NARROWER) if native.runs_here(isa)]
     r = np.random.default_rng(5)
     x = jnp.asarray(r.normal(size=(8, 300)), jnp.float32)
-    ws = [jnp.asarray(r.normal(size=(300, n)), dtype) for n in (520, 37)]
+    ws = [jnp.asarray(r.normal(size=(300, n)) * 40, dtype) for n in (520, 37)]
+    if dtype == jnp.int8:  # one weight a call: `matmuls` takes fp32 and bf16
+        single = [matmul_native.matmul(matmul_native.targets(b), x, ws[0]) for b in builds]
+        for b, out in zip(builds[1:], single[1:], strict=True):
+            np.testing.assert_array_equal(np.asarray(out), np.asarray(single[0]), err_msg=b)
+        return
     outs = [
         matmul_native.matmuls(matmul_native.targets(b, matmul_native.SEVERAL), x, ws)
         for b in builds
@@ -165,4 +181,6 @@ def test_a_narrower_build_whose_bits_differ_is_left_out(unpinned, monkeypatch, c
         times = small_measure(native.build_isa())
     assert f"the {NARROWER} build's matmul differs" in caplog.text
     assert all(len(t) == 2 for by_rows in times.values() for t in by_rows.values())
-    assert calibration.choose_narrower(times) == {name: () for name in calibration.KEYS}
+    assert calibration.choose_narrower(times) == {
+        n: () for n in (*calibration.KEYS, calibration.INT8)
+    }
