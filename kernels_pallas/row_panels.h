@@ -42,7 +42,7 @@ constexpr int64_t kBlock = 64;     // rows of w per pass over a panel
 constexpr int64_t kWideBlock = 16;
 constexpr int64_t kWideOutputs = 1 << 16;
 constexpr int kPrefetch = 8;       // rows of w ahead, into L1, within a block
-// Bytes of each row of w that two groups of x's rows pack at a time (`MultiplyRun`).
+// Bytes of each row of w that groups of x's rows pack at a time (`MultiplyRun`).
 constexpr int64_t kRunBytes = 256;
 // Multiply-adds that pay for waking a thread: 256 KB of an fp32 weight, about 20 us for one
 // thread to read. (At four times this, the one-row products of a 768 x 512 weight, a shared
@@ -313,23 +313,38 @@ void Leftovers(int64_t from, int64_t last, int width, const float* x, const W* w
   }
 }
 
+// The rows of x's group `g` of `groups`, when a product's m rows are split into groups of at
+// most kRows. Two groups take kRows and the rest (AVX2's 8 rows as 4 + 4 ran 22% slower than
+// 6 + 2); three or more share the rows evenly, so that no group is left a few rows whose
+// accumulators are too few to keep the FMA units busy (each waits on the latency of its own
+// chain): AVX2's 16 rows as 6 + 5 + 5 ran 10% faster than 6 + 6 + 4, 32 rows as 6 + 6 + 5 +
+// 5 + 5 + 5 7% faster than five sixes and a two (one thread, fp32 [768, 2048] from memory,
+// interleaved). Which group a row is in changes no sum.
+inline int GroupRows(int64_t m, int groups, int64_t g) {
+  if (groups <= 2) return static_cast<int>(std::min<int64_t>(kRows, m - g * kRows));
+  return static_cast<int>(m / groups + (g < m % groups ? 1 : 0));
+}
+
 // Sub-tiles packed side by side by `MultiplyRun`: as many as make kRunBytes of a row where a
 // sub-tile's row is at most a cache line (AVX2: 4 of fp32, 8 of bf16, 16 of int8); a wider one
-// (AVX-512's fp32 and bf16) is packed alone, as for more groups.
+// (AVX-512's fp32 and bf16) is packed alone (`MultiplyColumns`).
 template <typename W>
 constexpr int kRunTiles = kPackedVectors * kLanes * sizeof(W) <= kCacheLineBytes
                               ? static_cast<int>(kRunBytes / (kPackedVectors * kLanes * sizeof(W)))
                               : 1;
 
-// y[0:m, first:last vectors (and `width` columns after them)] = x @ w for two groups of x's
-// rows (kRows < m <= 2 kRows), packing kRunTiles sub-tiles of each 64-row block at once. A
+// y[0:m, first:last vectors (and `width` columns after them)] = x @ w for two or more groups
+// of x's rows (m > kRows), packing kRunTiles sub-tiles of each 64-row block at once. A
 // sub-tile of one line (AVX2's fp32) read alone is a column of lines a row apart, which in the
 // model's weights (rows a multiple of 1 KB apart) share a few of L1's sets, all of them one set
 // where the rows are 4 KB apart ([768, 2048] in fp32: packing it alone ran 25% slower than a
 // weight one line wider, memory only); runs of 256 bytes of each row ran 4-36% faster at 7-12
 // rows on a Zen 3, paired with packing each sub-tile alone (fp32; the MLP's [768, 2048] and
-// the lm head 8-23% at 8 rows), bf16 10-32%, int8 15-35%. At 16 rows and more the shapes
-// split both ways, so the panels there pack a sub-tile at a time. A function of its own,
+// the lm head 8-23% at 8 rows), bf16 10-32%, int8 15-35%. From 16 rows on, with the groups'
+// rows shared evenly (`GroupRows`), the AVX2 build's fp32 products of a decode step ran 5-19%
+// faster in runs than a sub-tile at a time at 16 rows and 4-10% at 32 (two threads, weights
+// from memory, a Zen 4, interleaved), and on one thread bf16 16-22%, int8 5-15%; AVX-512's
+// int8 (5 sub-tiles a run) within noise either way. A function of its own,
 // which `MultiplyColumns` leaves for at once: called from within the panels' loop, or sharing
 // their multiplies (which GCC then compiled out of line), it slowed the panels by 4-15%.
 template <typename W>
@@ -361,8 +376,8 @@ __attribute__((noinline)) void MultiplyRun(int64_t first, int64_t last, int widt
       }
       for (int t = 0; t < count; ++t) {
         const W* tile = packed + t * (k1 - k0) * kTile;
-        for (int64_t r = 0; r < m; r += kRows, ++ahead.phase) {
-          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+        for (int64_t r = 0, g = 0; r < m; r += GroupRows(m, groups, g), ++g, ++ahead.phase) {
+          const int rows = GroupRows(m, groups, g);
           float* yr = y + r * n + (v + t * kPackedVectors) * kLanes;
           Rows<kPackedVectors, false, true, kTiles>(rows, x + r * k, tile, yr, k, n, k0, k1,
                                                     kLanes, ahead);
@@ -433,7 +448,7 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
     const int width = tail ? columns.width : 0;
     return OneGroup(first, last, width, x, w, y, static_cast<int>(m), k, n, block);
   }
-  if (columns.wide && kRunTiles<W> > 1) {
+  if (kRunTiles<W> > 1) {
     return MultiplyRun(first, last, tail ? columns.width : 0, x, w, y, m, k, n);
   }
   alignas(64) W packed[kBlock * kPackedVectors * kLanes];
@@ -450,8 +465,9 @@ void MultiplyColumns(const Columns& columns, int64_t task, const float* x, const
         ahead.w = w + k1 * n + first * kLanes;
         ahead.rows = std::min(k, k1 + kBlock) - k1;
       }
-      for (int64_t r = 0; r < m; r += kRows, ++ahead.phase) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m - r));
+      const int groups = static_cast<int>((m + kRows - 1) / kRows);
+      for (int64_t r = 0, g = 0; r < m; r += GroupRows(m, groups, g), ++g, ++ahead.phase) {
+        const int rows = GroupRows(m, groups, g);
         float* yr = y + r * n + v * kLanes;
         Rows<kPackedVectors, false, true>(rows, x + r * k, packed, yr, k, n, k0, k1, kLanes,
                                           ahead);

@@ -82,7 +82,7 @@ void MultiplyAll(ffi::ThreadPool& threads, const float* xp, int64_t m, int64_t k
   // two pack it in blocks across the whole run of columns. With two groups (7-12 rows, AVX2,
   // Zen 3, interleaved runs) the MLP's gate and up projections ran 14-35% faster so, the GDN
   // layer's in-projections 7-37%, the lm head 0-18%, the down projection -5% to +17%, than in
-  // 24-vector panels; at 16 and 32 rows the shapes split both ways, so panels stay there.
+  // 24-vector panels; from 16 rows on, tasks of panels pack runs of them (`MultiplyRun`).
   const bool wide = m <= 2 * flipjax::rows::kRows;
   for (const auto& product : products) {
     splits.push_back({flipjax::rows::Columns(product.n, n_threads, wide), tasks});
