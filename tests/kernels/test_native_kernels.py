@@ -43,9 +43,11 @@ def _case(rows: int, slots: int, hk: int, hv: int, d: int, seed: int = 0):
     return pool, q, k, v, g, beta
 
 
+# Head widths: one the kernel sums through a scratch (16), and the two compiled in (64, 128).
+@pytest.mark.parametrize("d", [16, 64, 128])
 @pytest.mark.parametrize("hk,hv", [(2, 2), (2, 6)])  # value heads sharing key heads
-def test_pooled_decode_is_the_reference_step_in_each_rows_slot(hk, hv):
-    pool, q, k, v, g, beta = _case(rows=5, slots=7, hk=hk, hv=hv, d=16)
+def test_pooled_decode_is_the_reference_step_in_each_rows_slot(hk, hv, d):
+    pool, q, k, v, g, beta = _case(rows=5, slots=7, hk=hk, hv=hv, d=d)
     # Rows read out of order; row 2 starts fresh (reads one past the pool) into slot 3; row 4
     # is padding (reads and writes far beyond).
     reads = np.array([4, 0, 7, 6, 99], np.int32)
