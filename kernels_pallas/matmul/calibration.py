@@ -44,6 +44,7 @@ import numpy as np
 
 from kernels_pallas import cpu_caches, native
 from kernels_pallas.matmul import native_binding
+from kernels_pallas.matmul.calibration_choice import choose, choose_narrower, disputed
 from kernels_pallas.matmul.calibration_file import (
     CACHE_SUFFIX,
     CANDIDATE_ROWS,
@@ -66,7 +67,7 @@ WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
 WIDE_SHAPE = (1024, 32000)  # a vocabulary's width (not a power of two, as vocabularies are not)
 WIDE_COLUMNS = 8192  # a weight this wide dispatches by the choice WIDE_SHAPE measured
 ROUNDS = 5
-TIE = 0.03  # the kernel at most this much slower than XLA's dot: a tie, as noise goes
+AGAIN = 2  # a disputed row count's further rounds, per round of the first pass
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -166,48 +167,6 @@ def _calibrated(isa: str) -> Choice:
     return choice
 
 
-def choose_narrower(times: Times) -> dict[str, tuple[int, ...]]:
-    """Per dtype, the row counts at which NARROWER's kernel was faster than the build's own by
-    more than a tie (`TIE`): at a tie the build's own runs, so the choice follows only what the
-    noise cannot explain."""
-    return {
-        name: tuple(m for m, t in sorted(by_rows.items()) if len(t) > 2 and t[2] * (1 + TIE) < t[0])
-        for name, by_rows in times.items()
-    }
-
-
-def choose(times: Times) -> dict[str, range]:
-    """Per dtype, the run of consecutive candidates over which the kernel saves the most (the
-    sum of 1 - native/XLA time: a batch of each size counts alike), from its first row count to
-    its last; none where it saves nothing. A run may bridge one candidate the kernel lost by
-    less than its neighbours won, as noise on a busy machine does, and takes in the candidates
-    at either end where the two tie (within `TIE`): one row is a matvec on either path, bound by
-    reading the weight, so which wins there is noise (one calibration gave it to XLA by 1.3%,
-    and its one-row decode steps then took 9% longer than the kernel's), and the kernel gives a
-    row the same result whatever the rows beside it. The kernel's time at a row count that
-    `choose_narrower` gives the narrower build is that build's."""
-    choice = {}
-    for name, by_rows in times.items():
-        rows = sorted(by_rows)
-        narrower = choose_narrower({name: by_rows})[name]
-        ratio = [by_rows[m][2 if m in narrower else 0] / by_rows[m][1] for m in rows]
-        best, first, last = 0.0, 0, -1
-        total, start = 0.0, 0
-        for i in range(len(rows)):
-            if total <= 0:
-                total, start = 0.0, i
-            total += 1 - ratio[i]
-            if total > best:
-                best, first, last = total, start, i
-        if last >= 0:
-            while first > 0 and ratio[first - 1] <= 1 + TIE:
-                first -= 1
-            while last + 1 < len(rows) and ratio[last + 1] <= 1 + TIE:
-                last += 1
-        choice[name] = range(rows[first], rows[last] + 1) if last >= 0 else range(0)
-    return choice
-
-
 def measure(
     isa: str,
     rows: tuple[int, ...] = CANDIDATE_ROWS,
@@ -223,7 +182,9 @@ def measure(
     pass, taken apart, chose differently from one calibration to the next). The same for a
     `wide_shape` weight, under the dtype's name with WIDE. Where `isa` has a narrower build
     (`narrower_build`), its kernel is timed in the same rounds, if its products are the build's
-    own bit for bit (else it is left out, and the log says why)."""
+    own bit for bit (else it is left out, and the log says why). A row count whose verdict its
+    neighbours' both contradict (`disputed`) is timed for AGAIN times as many rounds more, its
+    ratios pooled with the first ones."""
     device = jax.local_devices(backend="cpu")[0]
     kernels = {isa: _kernel(isa)}
     if (narrower := narrower_build(isa)) is not None:
@@ -243,7 +204,7 @@ def measure(
         first = jax.device_put(weight.astype(dtype), device)
         weights = cpu_caches.uncached_copies(first, sweep_bytes)
         copies = len(weights)
-        times[name] = {}
+        rounds_at: dict[int, Rounds] = {}
         for m in rows:
             x = jax.device_put(rng.standard_normal((m, k)).astype(np.float32), device)
             x_model = x if quantized else x.astype(dtype)  # Linear's input on XLA's path
@@ -254,19 +215,40 @@ def measure(
                 del kernels[narrower]
             passes = [_timed_pass(lambda w, f=f, x=x: f(x, w), weights) for f in kernels.values()]
             xla_pass = _timed_pass(lambda w, x=x_model, f=theirs: f(x, w), weights)
-            ratios: list[list[float]] = [[] for _ in passes]
-            fastest = float("inf")
-            for _ in range(rounds):
-                kernel_s = [timed() for timed in passes]
-                xla_s = xla_pass()
-                for r, t in zip(ratios, kernel_s, strict=True):
-                    r.append(t / xla_s)
-                fastest = min(fastest, xla_s)
-            kernel_times = [statistics.median(r) * fastest / copies for r in ratios]
-            times[name][m] = (kernel_times[0], fastest / copies, *kernel_times[1:])
+            rounds_at[m] = Rounds(passes, xla_pass)
+            rounds_at[m].run(rounds)
+        for m in disputed({m: r.best_ratio() for m, r in rounds_at.items()}):
+            rounds_at[m].run(AGAIN * rounds)
+        times[name] = {m: r.seconds(copies) for m, r in rounds_at.items()}
     if len(kernels) == 1:  # none, or one that differed somewhere: trusted nowhere
         times = {name: {m: t[:2] for m, t in by_rows.items()} for name, by_rows in times.items()}
     return times
+
+
+class Rounds:
+    """One row count's timing: rounds of each kernel's pass and XLA's back to back, each round's
+    ratios noted, and XLA's fastest pass (a disputed row count runs more, `AGAIN`)."""
+
+    def __init__(self, passes: list[Callable[[], float]], xla_pass: Callable[[], float]):
+        self.passes, self.xla_pass = passes, xla_pass
+        self.ratios: list[list[float]] = [[] for _ in passes]
+        self.fastest = float("inf")
+
+    def run(self, rounds: int) -> None:
+        for _ in range(rounds):
+            kernel_s = [timed() for timed in self.passes]
+            xla_s = self.xla_pass()
+            for r, t in zip(self.ratios, kernel_s, strict=True):
+                r.append(t / xla_s)
+            self.fastest = min(self.fastest, xla_s)
+
+    def best_ratio(self) -> float:
+        return min(statistics.median(r) for r in self.ratios)
+
+    def seconds(self, copies: int) -> tuple[float, ...]:
+        """Per product: the build's kernel, XLA's dot, then the narrower kernel's if timed."""
+        kernel_s = [statistics.median(r) * self.fastest / copies for r in self.ratios]
+        return (kernel_s[0], self.fastest / copies, *kernel_s[1:])
 
 
 def _kernel(isa: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
