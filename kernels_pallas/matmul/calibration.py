@@ -1,11 +1,14 @@
 """Which row counts the native matmul takes on this machine: chosen by timing it against XLA's
-dot once per kernel build, for a mid-size projection and for a weight as wide as a vocabulary,
-and cached with the build.
+dot once per kernel build, for a layer's two mid-size projections from one input and for a
+weight as wide as a vocabulary, and cached with the build.
 
 Where the kernel beats XLA's dot depends on the CPU, so no constant holds everywhere. On one
 AVX-512 machine the fp32 kernel won from 2 to 32 rows; built for AVX2 on the same machine it lost
 from 32 rows on, to half XLA's rate (`python -m flipjax.bench matmul`). The first use of
-`native_rows` for a build therefore times both products as the engine runs them, over weights
+`native_rows` for a build therefore times both paths as the engine runs them (a layer's
+projections from one input in one call of the kernel, `matmuls`, or in a dot each: timed one
+weight at a time, an AVX2 build's kernel lost to XLA's dot by 14% at 32 rows, while with the
+pair it tied, and its decode steps at batch 32 ran 4% faster than with XLA's dot), over weights
 spanning twice the last-level cache this CPU reports (a decode step reads each weight once, from
 memory; see `kernels_pallas.cpu_caches`), and keeps, per weight dtype, the run of candidate row
 counts over which the kernel saved the most. Weights of `WIDE_COLUMNS` columns or more (an lm head)
@@ -63,6 +66,7 @@ from kernels_pallas.matmul.calibration_file import (
 from kernels_pallas.matmul.xla_form import xla_int8_matmul, xla_matmul
 
 ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
+Weight = jax.Array | tuple[jax.Array, ...]  # one weight, or a layer's projections from one input
 WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
 WIDE_SHAPE = (1024, 32000)  # a vocabulary's width (not a power of two, as vocabularies are not)
 WIDE_COLUMNS = 8192  # a weight this wide dispatches by the choice WIDE_SHAPE measured
@@ -176,7 +180,8 @@ def measure(
     wide_shape: tuple[int, int] = WIDE_SHAPE,
 ) -> Times:
     """Per dtype and row count, XLA's fastest of `rounds` passes over enough copies of a
-    `shape` weight to fill `sweep_bytes` (default: twice the last-level cache), per product, and
+    `shape` weight to fill `sweep_bytes` (default: twice the last-level cache), each copy split
+    into the two halves of its columns (a layer's pair of projections), per call, and
     the kernel's: that times the median of the rounds' ratios, each round timing the paths back
     to back (a shared machine's speed drifts by a third within a minute; each path's own fastest
     pass, taken apart, chose differently from one calibration to the next). The same for a
@@ -186,9 +191,8 @@ def measure(
     neighbours' both contradict (`disputed`) is timed for AGAIN times as many rounds more, its
     ratios pooled with the first ones."""
     device = jax.local_devices(backend="cpu")[0]
-    kernels = {isa: _kernel(isa)}
-    if (narrower := narrower_build(isa)) is not None:
-        kernels[narrower] = _kernel(narrower)
+    narrower = narrower_build(isa)
+    builds = [isa] if narrower is None else [isa, narrower]
     rng = np.random.default_rng(0)
     times: Times = {}
     shapes = {**{d: shape for d in DTYPES}, **{d + WIDE: wide_shape for d in DTYPES}}
@@ -197,12 +201,16 @@ def measure(
     for name, (k, n) in shapes.items():
         dtype = jnp.dtype(name.removesuffix(WIDE))
         quantized = name == INT8
-        theirs = jax.jit(xla_int8_matmul if quantized else xla_matmul)
+        pair = name in DTYPES  # a layer's projections from one input, in one call (`_kernel`)
+        kernels = {b: _kernel(b, pair) for b in builds}
+        theirs = _xla(quantized, pair)
         weight = (
             rng.integers(-127, 128, (k, n)) if quantized else rng.standard_normal((k, n)) * 0.02
         )
         first = jax.device_put(weight.astype(dtype), device)
-        weights = cpu_caches.uncached_copies(first, sweep_bytes)
+        weights: list = cpu_caches.uncached_copies(first, sweep_bytes)
+        if pair:
+            weights = [(w[:, : n // 2], w[:, n // 2 :]) for w in weights]
         copies = len(weights)
         rounds_at: dict[int, Rounds] = {}
         for m in rows:
@@ -213,6 +221,7 @@ def measure(
             if narrower in kernels and not np.array_equal(kernels[narrower](x, weights[0]), ours):
                 log.warning("the %s build's matmul differs from the %s build's", narrower, isa)
                 del kernels[narrower]
+                builds.remove(narrower)
             passes = [_timed_pass(lambda w, f=f, x=x: f(x, w), weights) for f in kernels.values()]
             xla_pass = _timed_pass(lambda w, x=x_model, f=theirs: f(x, w), weights)
             rounds_at[m] = Rounds(passes, xla_pass)
@@ -220,7 +229,7 @@ def measure(
         for m in disputed({m: r.best_ratio() for m, r in rounds_at.items()}):
             rounds_at[m].run(AGAIN * rounds)
         times[name] = {m: r.seconds(copies) for m, r in rounds_at.items()}
-    if len(kernels) == 1:  # none, or one that differed somewhere: trusted nowhere
+    if len(builds) == 1:  # none, or one that differed somewhere: trusted nowhere
         times = {name: {m: t[:2] for m, t in by_rows.items()} for name, by_rows in times.items()}
     return times
 
@@ -251,9 +260,24 @@ class Rounds:
         return (kernel_s[0], self.fastest / copies, *kernel_s[1:])
 
 
-def _kernel(isa: str) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    targets = native_binding.targets(isa)
-    return jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
+def _kernel(isa: str, pair: bool = False) -> Callable[[jax.Array, Weight], jax.Array]:
+    """The build's product of x by a weight, or by a pair of weights in the one call a layer's
+    projections from one input take (`native_binding.matmuls`), their outputs side by side."""
+    if not pair:
+        targets = native_binding.targets(isa)
+        return jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
+    several = native_binding.targets(isa, native_binding.SEVERAL)
+    return jax.jit(lambda x, w: jnp.concatenate(native_binding.matmuls(several, x, w), axis=1))
+
+
+def _xla(quantized: bool, pair: bool) -> Callable[[jax.Array, Weight], jax.Array]:
+    """XLA's dot as `Linear` runs it: per weight (each of a pair its own dot, as the layer's
+    projections are on XLA's path), blockwise for an int8 weight."""
+    if quantized:
+        return jax.jit(xla_int8_matmul)
+    if pair:
+        return jax.jit(lambda x, w: jnp.concatenate([xla_matmul(x, wi) for wi in w], axis=1))
+    return jax.jit(xla_matmul)
 
 
 def _check_agree(native_y: np.ndarray, xla_y: np.ndarray) -> None:

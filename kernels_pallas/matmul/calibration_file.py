@@ -24,7 +24,7 @@ NARROWER = "x86-64-v3"  # the build an AVX-512 build's calibration times beside 
 CACHE_SUFFIX = ".choice.json"
 
 # Per dtype name (with WIDE for wide weights), per row count: (native seconds, XLA seconds) per
-# product, then the narrower build's seconds where it was timed too.
+# call (of a pair of projections, or of one weight), then the narrower build's where timed too.
 Times = dict[str, dict[int, tuple[float, ...]]]
 
 log = logging.getLogger(__name__)

@@ -169,8 +169,8 @@ def test_a_narrower_build_whose_bits_differ_is_left_out(unpinned, monkeypatch, c
     monkeypatch.setattr(calibration, "narrower_build", lambda isa: NARROWER)
     real_kernel = calibration._kernel
 
-    def kernel(isa: str):
-        own = real_kernel(native.build_isa())
+    def kernel(isa: str, pair: bool = False):
+        own = real_kernel(native.build_isa(), pair)
         if isa != NARROWER:
             return own
         # The same bits at 2 rows, others at 8: the times taken at 2 rows are dropped too.

@@ -184,10 +184,33 @@ def test_the_calibration_times_products_over_copies_spanning_the_cache(monkeypat
     real_pass = calibration._timed_pass
 
     def counting_pass(product, weights):
-        spans.append(sum(w.nbytes for w in weights))
-        assert len({w.unsafe_buffer_pointer() for w in weights}) == len(weights)
+        arrays = jax.tree.leaves(weights)  # a pair of projections per copy, or one weight
+        spans.append(sum(w.nbytes for w in arrays))
+        assert len({w.unsafe_buffer_pointer() for w in arrays}) == len(arrays)
         return real_pass(product, weights[:2])
 
     monkeypatch.setattr(calibration, "_timed_pass", counting_pass)
     REAL_MEASURE(native.build_isa(), rows=(2,), shape=(512, 1024), rounds=1, wide_shape=(512, 2048))
     assert spans and all(span >= 80 << 20 for span in spans), spans
+
+
+def test_a_layers_projections_are_timed_in_one_call_as_the_layer_runs_them(monkeypatch):
+    """Mid-size weights are timed as a layer's two projections from one input: the kernel's one
+    call for both (`matmuls`) against XLA's dot for each, as `Linear` runs them on either path;
+    a vocabulary-wide weight, an lm head, alone."""
+    monkeypatch.setattr(calibration, "narrower_build", lambda isa: None)
+    programs = []
+    real_pass = calibration._timed_pass
+
+    def recording_pass(product, weights):
+        text = jax.jit(product).lower(weights[0]).as_text()
+        programs.append((len(jax.tree.leaves(weights[0])), text))
+        return real_pass(product, weights[:2])
+
+    monkeypatch.setattr(calibration, "_timed_pass", recording_pass)
+    REAL_MEASURE(native.build_isa(), rows=(2,), shape=(64, 256), rounds=1, wide_shape=(64, 512))
+    kernel, xla = programs[0::2], programs[1::2]  # each row count: the kernel's pass, XLA's
+    assert [n for n, _ in kernel] == [2, 2, 1, 1]  # float32, bfloat16, then their wide weights
+    assert all(("flipjax_matmuls" in text) == (n == 2) for n, text in kernel)
+    assert all("flipjax_matmul" in text for _, text in kernel)
+    assert all(text.count("dot_general") == n and "flipjax" not in text for n, text in xla)

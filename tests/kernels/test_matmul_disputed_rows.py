@@ -5,6 +5,7 @@ counts AGAIN times as many rounds more and pools their ratios with the first one
 
 from __future__ import annotations
 
+import jax
 import pytest
 
 from kernels_pallas import native
@@ -30,11 +31,12 @@ def scripted_passes(monkeypatch):
     reads slow for the first pass's rounds only (a spell), every other kernel pass wins by half;
     XLA's always takes 1 ms. Yields the number of rounds each row count's kernel pass ran."""
     monkeypatch.setattr(calibration, "narrower_build", lambda isa: None)
-    calls: dict[tuple, int] = {}  # kernel passes run, by (weight shape, dtype, rows)
+    calls: dict[tuple, int] = {}  # kernel passes run, by (weight shape, dtype, weights, rows)
     created: list[tuple] = []
 
     def scripted(product, weights):
-        key = (weights[0].shape, weights[0].dtype, product(weights[0]).shape[0])
+        w = jax.tree.leaves(weights[0])  # a pair of projections, or one weight
+        key = (w[0].shape, w[0].dtype, len(w), product(weights[0]).shape[0])
         kernel = created.count(key) % 2 == 0  # each row count's passes: the kernel's, XLA's
         created.append(key)
 
@@ -42,7 +44,7 @@ def scripted_passes(monkeypatch):
             if not kernel:
                 return 1e-3
             calls[key] = calls.get(key, 0) + 1
-            spell = key[2] == 4 and calls[key] <= ROUNDS
+            spell = key[-1] == 4 and calls[key] <= ROUNDS
             return 2e-3 if spell else 0.5e-3
 
         return timed
@@ -66,6 +68,7 @@ def test_a_disputed_row_count_is_timed_again_and_decided_by_all_its_rounds(scrip
     # Every weight's 4 rows were disputed (lost between two wins) and ran AGAIN x more
     # rounds; pooled, the spell's rounds are the minority and the kernel takes 2-8 rows.
     assert len(scripted_passes) == 3 * len(calibration.KEYS)
-    for (_, _, rows), rounds in scripted_passes.items():
+    for key, rounds in scripted_passes.items():
+        rows = key[-1]
         assert rounds == ROUNDS * (1 + calibration.AGAIN if rows == 4 else 1), rows
     assert calibration.choose(times) == {name: range(2, 9) for name in calibration.KEYS}
