@@ -69,11 +69,12 @@ def test_pooled_decode_is_the_reference_step_in_each_rows_slot(hk, hv, d):
         np.testing.assert_array_equal(new_pool[untouched], pool[untouched])
 
 
-def test_a_chain_of_tokens_leaves_each_state_of_a_decode_step_per_token_bit_for_bit():
+@pytest.mark.parametrize("d", [16, 64])
+def test_a_chain_of_tokens_leaves_each_state_of_a_decode_step_per_token_bit_for_bit(d):
     """A speculative verify step gives the kernel several tokens per row and a slot for the state
     after each: every state and output is the one the one-token step reaches, token by token."""
-    pool, *_ = _case(rows=3, slots=9, hk=2, hv=4, d=16)
-    tokens = [_case(rows=3, slots=1, hk=2, hv=4, d=16, seed=s)[1:] for s in (1, 2, 3)]
+    pool, *_ = _case(rows=3, slots=9, hk=2, hv=4, d=d)
+    tokens = [_case(rows=3, slots=1, hk=2, hv=4, d=d, seed=s)[1:] for s in (1, 2, 3)]
     q, k, v, g, beta = (np.concatenate(parts, axis=1) for parts in zip(*tokens, strict=True))
     reads = np.array([4, 8, 9], np.int32)  # row 2 starts fresh (one past the pool)
     chain = np.array([[1, 2, 4], [5, 6, 99], [0, 99, 99]], np.int32)  # 99: padding from there
