@@ -7,8 +7,8 @@ AVX-512 machine the fp32 kernel won from 2 to 32 rows; built for AVX2 on the sam
 from 32 rows on, to half XLA's rate (`python -m flipjax.bench matmul`). The first use of
 `native_rows` for a build therefore times both paths as the engine runs them (a layer's
 projections from one input in one call of the kernel, `matmuls`, or in a dot each: timed one
-weight at a time, an AVX2 build's kernel lost to XLA's dot by 14% at 32 rows, while with the
-pair it tied, and its decode steps at batch 32 ran 4% faster than with XLA's dot), over weights
+weight at a time, an AVX2 build's kernel lost to XLA's dot by 14% at 32 rows, as a pair it
+tied, and batch-32 decode steps ran 2-4% faster on it than on XLA's dot), over weights
 spanning twice the last-level cache this CPU reports (a decode step reads each weight once, from
 memory; see `kernels_pallas.cpu_caches`), and keeps, per weight dtype, the run of candidate row
 counts over which the kernel saved the most. Weights of `WIDE_COLUMNS` columns or more (an lm head)
@@ -208,7 +208,7 @@ def measure(
             rng.integers(-127, 128, (k, n)) if quantized else rng.standard_normal((k, n)) * 0.02
         )
         first = jax.device_put(weight.astype(dtype), device)
-        weights: list = cpu_caches.uncached_copies(first, sweep_bytes)
+        weights: list[Weight] = list(cpu_caches.uncached_copies(first, sweep_bytes))
         if pair:
             weights = [(w[:, : n // 2], w[:, n // 2 :]) for w in weights]
         copies = len(weights)
@@ -255,7 +255,7 @@ class Rounds:
         return min(statistics.median(r) for r in self.ratios)
 
     def seconds(self, copies: int) -> tuple[float, ...]:
-        """Per product: the build's kernel, XLA's dot, then the narrower kernel's if timed."""
+        """Per call: the build's kernel, XLA's dot, then the narrower kernel's if timed."""
         kernel_s = [statistics.median(r) * self.fastest / copies for r in self.ratios]
         return (kernel_s[0], self.fastest / copies, *kernel_s[1:])
 
