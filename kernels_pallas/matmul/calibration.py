@@ -288,7 +288,7 @@ def _check_agree(native_y: np.ndarray, xla_y: np.ndarray) -> None:
         raise RuntimeError(f"native matmul calibration: the kernel and XLA's dot differ by {worst}")
 
 
-def _timed_pass(product: Callable[[jax.Array], jax.Array], weights: list[jax.Array]):
+def _timed_pass(product: Callable[[Weight], jax.Array], weights: list[Weight]):
     """A function timing one pass of `product` over every weight (compiled and warmed here)."""
     jax.block_until_ready([product(w) for w in weights])
 
