@@ -47,14 +47,19 @@ import numpy as np
 
 from kernels_pallas import cpu_caches, native
 from kernels_pallas.matmul import native_binding
-from kernels_pallas.matmul.calibration_choice import choose, choose_narrower, disputed
+from kernels_pallas.matmul.calibration_choice import (
+    ROWS_ENV,
+    choose,
+    choose_narrower,
+    disputed,
+    parse,
+)
 from kernels_pallas.matmul.calibration_file import (
     CACHE_SUFFIX,
     CANDIDATE_ROWS,
     DTYPES,
     INT8,
     KEYS,
-    MAX_ROWS,
     NARROWER,
     WIDE,
     Choice,
@@ -65,7 +70,6 @@ from kernels_pallas.matmul.calibration_file import (
 )
 from kernels_pallas.matmul.xla_form import xla_int8_matmul, xla_matmul
 
-ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
 Weight = jax.Array | tuple[jax.Array, ...]  # one weight, or a layer's projections from one input
 WEIGHT_SHAPE = (1024, 2048)  # [in, out]: a mid-size projection
 WIDE_SHAPE = (1024, 32000)  # a vocabulary's width (not a power of two, as vocabularies are not)
@@ -121,26 +125,6 @@ def narrower_build(isa: str) -> str | None:
 
 def _key(name: str, columns: int) -> str:
     return name + WIDE if columns >= WIDE_COLUMNS and name != INT8 else name
-
-
-@functools.cache
-def parse(spec: str) -> dict[str, range]:
-    """`float32=2-32,bfloat16=1-8` (or `none`) as ranges; ValueError naming the variable."""
-    if spec.strip() == "none":
-        return {}
-    choice = {}
-    for part in spec.split(","):
-        name, _, bounds = part.strip().partition("=")
-        lo, _, hi = bounds.partition("-")
-        if name not in DTYPES or name in choice or not (lo.isdigit() and hi.isdigit()):
-            raise ValueError(
-                f"{ROWS_ENV}: cannot read {part!r}; expected e.g. 'float32=2-32,bfloat16=1-8' "
-                f"(dtypes {DTYPES}, each once) or 'none'"
-            )
-        if not 1 <= int(lo) <= int(hi) <= MAX_ROWS:
-            raise ValueError(f"{ROWS_ENV}: {part!r} needs 1 <= low <= high <= {MAX_ROWS}")
-        choice[name] = range(int(lo), int(hi) + 1)
-    return choice
 
 
 def calibrated(isa: str) -> Choice:
@@ -209,8 +193,8 @@ def measure(
         )
         first = jax.device_put(weight.astype(dtype), device)
         weights: list[Weight] = list(cpu_caches.uncached_copies(first, sweep_bytes))
-        if pair:
-            weights = [(w[:, : n // 2], w[:, n // 2 :]) for w in weights]
+        if pair:  # one copy split at a time, so the sweep is never held twice over
+            weights = [_halves(weights.pop()) for _ in range(len(weights))]
         copies = len(weights)
         rounds_at: dict[int, Rounds] = {}
         for m in rows:
@@ -268,6 +252,10 @@ def _kernel(isa: str, pair: bool = False) -> Callable[[jax.Array, Weight], jax.A
         return jax.jit(lambda x, w: native_binding.matmul(targets, x, w))
     several = native_binding.targets(isa, native_binding.SEVERAL)
     return jax.jit(lambda x, w: jnp.concatenate(native_binding.matmuls(several, x, w), axis=1))
+
+
+def _halves(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return w[:, : w.shape[1] // 2], w[:, w.shape[1] // 2 :]
 
 
 def _xla(quantized: bool, pair: bool) -> Callable[[jax.Array, Weight], jax.Array]:

@@ -1,12 +1,15 @@
 """How the native matmul's calibration turns its times into a choice (`calibration.py` times
 the products): which row counts the kernel takes, which of them its narrower build takes, and
-which candidates were timed too close to noise to decide on one pass. This module imports
-nothing from flipjax."""
+which candidates were timed too close to noise to decide on one pass; or the choice as
+`FLIPJAX_NATIVE_MATMUL_ROWS` sets it. This module imports nothing from flipjax."""
 
 from __future__ import annotations
 
-from kernels_pallas.matmul.calibration_file import Times
+import functools
 
+from kernels_pallas.matmul.calibration_file import DTYPES, MAX_ROWS, Times
+
+ROWS_ENV = "FLIPJAX_NATIVE_MATMUL_ROWS"
 TIE = 0.03  # the kernel at most this much slower than XLA's dot: a tie, as noise goes
 
 
@@ -66,4 +69,24 @@ def choose(times: Times) -> dict[str, range]:
             while last + 1 < len(rows) and ratio[last + 1] <= 1 + TIE:
                 last += 1
         choice[name] = range(rows[first], rows[last] + 1) if last >= 0 else range(0)
+    return choice
+
+
+@functools.cache
+def parse(spec: str) -> dict[str, range]:
+    """`float32=2-32,bfloat16=1-8` (or `none`) as ranges; ValueError naming the variable."""
+    if spec.strip() == "none":
+        return {}
+    choice = {}
+    for part in spec.split(","):
+        name, _, bounds = part.strip().partition("=")
+        lo, _, hi = bounds.partition("-")
+        if name not in DTYPES or name in choice or not (lo.isdigit() and hi.isdigit()):
+            raise ValueError(
+                f"{ROWS_ENV}: cannot read {part!r}; expected e.g. 'float32=2-32,bfloat16=1-8' "
+                f"(dtypes {DTYPES}, each once) or 'none'"
+            )
+        if not 1 <= int(lo) <= int(hi) <= MAX_ROWS:
+            raise ValueError(f"{ROWS_ENV}: {part!r} needs 1 <= low <= high <= {MAX_ROWS}")
+        choice[name] = range(int(lo), int(hi) + 1)
     return choice
