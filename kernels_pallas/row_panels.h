@@ -341,10 +341,10 @@ constexpr int kRunTiles = kPackedVectors * kLanes * sizeof(W) <= kCacheLineBytes
 // weight one line wider, memory only); runs of 256 bytes of each row ran 4-36% faster at 7-12
 // rows on a Zen 3, paired with packing each sub-tile alone (fp32; the MLP's [768, 2048] and
 // the lm head 8-23% at 8 rows), bf16 10-32%, int8 15-35%. From 16 rows on, with the groups'
-// rows shared evenly (`GroupRows`), the AVX2 build's fp32 products of a decode step ran 5-19%
-// faster in runs than a sub-tile at a time at 16 rows and 4-10% at 32 (two threads, weights
-// from memory, a Zen 4, interleaved), and on one thread bf16 16-22%, int8 5-15%; AVX-512's
-// int8 (5 sub-tiles a run) within noise either way. A function of its own,
+// rows shared evenly (`GroupRows`), the AVX2 build's fp32 products of a decode step took
+// 5-19% less time in runs than a sub-tile at a time at 16 rows and 4-10% less at 32 (two
+// threads, weights from memory, a Zen 4, interleaved); on one thread bf16 ran 16-22% faster,
+// int8 5-15%, and AVX-512's int8 (5 sub-tiles a run) within noise. A function of its own,
 // which `MultiplyColumns` leaves for at once: called from within the panels' loop, or sharing
 // their multiplies (which GCC then compiled out of line), it slowed the panels by 4-15%.
 template <typename W>
