@@ -24,6 +24,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cache_line.h"
@@ -41,10 +42,36 @@ constexpr int64_t kWorkPerThread = 1 << 18;  // multiply-adds that pay for wakin
 // Positions whose scores are taken together, and floats per vector register: a Block.
 #if defined(__AVX512F__)
 constexpr int64_t kBlock = 16;
+constexpr int kRegisters = 32;
 #else
 constexpr int64_t kBlock = 8;
+constexpr int kRegisters = 16;
 #endif
 typedef float Block __attribute__((vector_size(kBlock * sizeof(float))));
+
+// The most queries of a group whose sums of `per_query` Blocks each stay in the registers at
+// once, with a few left for the operands (at least one query; at most 7, as instantiated).
+constexpr int QueriesPerTile(int per_query) {
+  const int fit = (kRegisters - 4) / per_query;
+  return fit < 1 ? 1 : fit > 7 ? 7 : fit;
+}
+
+// f(count, g0) over the group's queries [0, group) in tiles: `count` a std::integral_constant of
+// kMax queries, then one tile of the rest.
+template <int kCount, typename F>
+void RestTile(int64_t rest, int64_t g0, F& f) {
+  if constexpr (kCount >= 1) {
+    if (rest == kCount) return f(std::integral_constant<int, kCount>{}, g0);
+    RestTile<kCount - 1>(rest, g0, f);
+  }
+}
+
+template <int kMax, typename F>
+void ByTiles(int64_t group, F f) {
+  int64_t g = 0;
+  for (; g + kMax <= group; g += kMax) f(std::integral_constant<int, kMax>{}, g);
+  RestTile<kMax - 1>(group - g, g, f);
+}
 
 inline Block LoadBlock(const float* p) {
   Block v;
@@ -91,6 +118,25 @@ struct Scales {
   ffi::Span<const int64_t> k_dims, v_dims;
 };
 
+// The largest of x[0..n), n > 0, a Block of lanes at a time: a max is exact in any order, and
+// std::max_element went one value at a time, each compare waiting on the one before.
+inline float Largest(const float* x, int64_t n) {
+  float top = x[0];
+  int64_t j = 0;
+#if defined(__GNUC__) && !defined(__clang__)  // a select of vectors, as GCC writes one
+  if (n >= kBlock) {
+    Block lanes = LoadBlock(x);
+    for (j = kBlock; j + kBlock <= n; j += kBlock) {
+      const Block next = LoadBlock(x + j);
+      lanes = next > lanes ? next : lanes;
+    }
+    for (int64_t l = 0; l < kBlock; ++l) top = std::max(top, lanes[l]);
+  }
+#endif
+  for (; j < n; ++j) top = std::max(top, x[j]);
+  return top;
+}
+
 template <typename T>
 float Dot(const float* a, const T* b, int64_t d) {
   float lanes[kLanes] = {};
@@ -132,8 +178,8 @@ const T* PageAt(const Shape& s, const T* pool, int64_t page, int64_t kv) {
 //
 // With `ahead`, the next page's positions are requested into L2 as a page is begun: a row's
 // pages lie anywhere in the pool, so the hardware's prefetchers cannot follow from one to the
-// next (keys read so, from memory: 6-10% faster at 8 and 32 rows; the values are walked once
-// per query of the group and gain nothing).
+// next (keys read so, from memory: 6-10% faster at 8 and 32 rows; values, walked once for a
+// tile of the group's queries, 3-20%). Two or three pages ahead ran no faster than one.
 template <typename T, typename F>
 void EachRun(const Shape& s, const T* pool, const float* page_scales, const int32_t* table,
              int64_t b, int64_t kv, int64_t n, int64_t run, F f, bool ahead = false) {
@@ -213,39 +259,64 @@ void Transpose(const T* keys, int64_t stride, int64_t m, int64_t d, float* trans
 // page's first position of the block; the block's scale `scale`): the keys are copied, widened,
 // into `transposed` [d, kBlock], so that each query's dot is kBlock lanes of multiply-adds over
 // d, with no sum across a vector's lanes. One position at a time, every dot ended in 16
-// dependent adds: at batch 32 of the benchmark model the kernel took 1.45 ms a layer.
+// dependent adds: at batch 32 of the benchmark model the kernel took 1.45 ms a layer. The
+// group's queries go a tile at a time, each row of `transposed` loaded once for the tile: one
+// query at a time, its four chains of multiply-adds waited on their own latency.
 template <typename T>
 void BlockScores(const float* scaled, int64_t group, int64_t d, const T* keys, int64_t stride,
                  int64_t m, float scale, float* transposed, float* scores, int64_t n) {
   Transpose(keys, stride, m, d, transposed);
-  for (int64_t g = 0; g < group; ++g) {
-    const float* qg = scaled + g * d;
-    Block sum[4] = {};  // over i mod 4: four chains of multiply-adds instead of one
+  ByTiles<QueriesPerTile(4)>(group, [&](auto count, int64_t g0) {
+    constexpr int kQueries = decltype(count)::value;
+    Block sum[kQueries][4] = {};  // over i mod 4: four chains of multiply-adds a query
     for (int64_t i = 0; i < d; i += 4) {
-      for (int u = 0; u < 4; ++u) sum[u] += qg[i + u] * LoadBlock(transposed + (i + u) * kBlock);
+      for (int u = 0; u < 4; ++u) {
+        const Block t = LoadBlock(transposed + (i + u) * kBlock);
+        for (int g = 0; g < kQueries; ++g) sum[g][u] += scaled[(g0 + g) * d + i + u] * t;
+      }
     }
-    const Block total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
-    for (int64_t jj = 0; jj < m; ++jj) scores[g * n + jj] = scale * total[jj];
-  }
+    for (int g = 0; g < kQueries; ++g) {
+      const Block total = (sum[g][0] + sum[g][1]) + (sum[g][2] + sum[g][3]);
+      for (int64_t jj = 0; jj < m; ++jj) scores[(g0 + g) * n + jj] = scale * total[jj];
+    }
+  });
+}
+
+// Blocks of a head's values taken in one walk: the head's kChunks (a power of two), or halves of
+// it until two queries' sums of them fit the registers.
+constexpr int ChunksPerWalk(int chunks) {
+  return chunks > 1 && QueriesPerTile(chunks) < 2 ? ChunksPerWalk(chunks / 2) : chunks;
 }
 
 // o[g] = inverse[g] * sum over positions j of p[g, j] * v_j, for float pages whose head is
 // kChunks Blocks wide: each query's sums stay in registers over all positions (in memory, read
-// and written back at every position, they made a chain of stores and loads).
+// and written back at every position, they made a chain of stores and loads). The group's
+// queries go a tile at a time over the values (over a part of the head at a time, where a
+// tile of two would not fit the registers otherwise: AVX2's 64-wide heads): one query at a
+// time, a 64-wide head's four chains (AVX-512) waited on their own latency, and the values were
+// walked once for each query.
 template <int kChunks>
 void BlockValues(const Shape& s, const float* v, const int32_t* table, int64_t b, int64_t kv,
                  int64_t n, const float* p, const float* inverse, float* o) {
   constexpr int64_t d = kChunks * kBlock;
-  for (int64_t g = 0; g < s.heads / s.kv_heads; ++g) {
-    Block acc[kChunks] = {};
-    const float* pg = p + g * n;
-    EachRun(s, v, nullptr, table, b, kv, n, 1, [&](int64_t j, const float* x, int64_t, float) {
-      for (int c = 0; c < kChunks; ++c) acc[c] += pg[j] * LoadBlock(x + c * kBlock);
+  constexpr int kPart = ChunksPerWalk(kChunks);
+  for (int c0 = 0; c0 < kChunks; c0 += kPart) {
+    ByTiles<QueriesPerTile(kPart)>(s.heads / s.kv_heads, [&](auto count, int64_t g0) {
+      constexpr int kQueries = decltype(count)::value;
+      Block acc[kQueries][kPart] = {};
+      EachRun(s, v, nullptr, table, b, kv, n, 1, [&](int64_t j, const float* x, int64_t, float) {
+        for (int g = 0; g < kQueries; ++g) {
+          const float pj = p[(g0 + g) * n + j];
+          for (int c = 0; c < kPart; ++c) acc[g][c] += pj * LoadBlock(x + (c0 + c) * kBlock);
+        }
+      }, /*ahead=*/true);
+      for (int g = 0; g < kQueries; ++g) {
+        for (int c = 0; c < kPart; ++c) {
+          const Block out = acc[g][c] * inverse[g0 + g];
+          std::memcpy(o + (g0 + g) * d + (c0 + c) * kBlock, &out, sizeof out);
+        }
+      }
     });
-    for (int c = 0; c < kChunks; ++c) {
-      const Block out = acc[c] * inverse[g];
-      std::memcpy(o + g * d + c * kBlock, &out, sizeof out);
-    }
   }
 }
 
@@ -294,14 +365,18 @@ void Attend(const Shape& s, const float* q, const T* k, const T* v, Scales scale
   }
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores + g * n;
-    const float top = *std::max_element(sg, sg + n);
-    float total = 0.0f;
+    const float top = Largest(sg, n);
     // The exps in a loop of their own, vectorized (the C library's expf, one call a position,
     // was an eighth of the kernel's time at batch 32); summed after, in the same order.
     for (int64_t j = 0; j < n; ++j) sg[j] = flipjax::Exp(sg[j] - top);
-    for (int64_t j = 0; j < n; ++j) total += sg[j];
-    inverse[g] = 1.0f / total;
   }
+  // Each query's total in order of position, the group's queries side by side: one query at a
+  // time, each add waited on the one before.
+  std::fill(inverse, inverse + group, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t g = 0; g < group; ++g) inverse[g] += scores[g * n + j];
+  }
+  for (int64_t g = 0; g < group; ++g) inverse[g] = 1.0f / inverse[g];
   if constexpr (std::is_same_v<T, float>) {
     switch (d % kBlock == 0 ? d / kBlock : 0) {
       case 2: return BlockValues<2>(s, v, table, b, kv, n, scores, inverse, o);

@@ -73,6 +73,26 @@ def test_pages_of_any_size_against_the_reference(isa, page, dim):
     np.testing.assert_allclose(got[:-1], want[:-1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("isa", sorted(native.ISAS))
+@pytest.mark.parametrize("group,dim", [(6, 64), (8, 64), (13, 32), (5, 40)])
+def test_each_query_of_a_group_gets_bit_for_bit_what_it_gets_alone(isa, group, dim):
+    # The kernel takes a KV head's queries a tile at a time (the scores and the values of several
+    # queries from one read of each key and value, tiles of up to 7 and a last one of the rest),
+    # and sums their softmax totals side by side: each query's sums keep their own order, so its
+    # output is exactly what it gets as the only query of its KV head.
+    if not native.runs_here(isa):
+        pytest.skip(f"this CPU lacks the features of {isa}: {native.ISA_NEEDS[isa]}")
+    kv_heads = 2
+    q, k, v, table, positions = case(jnp.float32, kv_heads, group, dim)
+    decode = jax.jit(functools.partial(attention_native.decode, isa=isa))
+    rows = q.shape[0]
+    together = np.asarray(decode(q, k, v, table, positions)).reshape(rows, 1, kv_heads, group, dim)
+    by_query = q.reshape(rows, 1, kv_heads, group, dim)
+    for g in range(group):
+        alone = np.asarray(decode(by_query[:, :, :, g], k, v, table, positions))
+        np.testing.assert_array_equal(together[:, :, :, g], alone, err_msg=f"query {g}")
+
+
 def test_decode_reads_only_the_pages_a_row_holds():
     q, k, v, table, positions = case(jnp.float32, 2, 3, 64)
     first = jax.jit(attention_native.decode)(q, k, v, table, positions)
