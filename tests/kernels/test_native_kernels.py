@@ -163,16 +163,39 @@ def xla_tokens() -> list[list[int]]:
         return [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)]
 
 
+def _count_decode_writes(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The shapes of the decode steps whose write program runs, until `monkeypatch` undoes."""
+    binding, calls = parts(engine).runner.binding, []
+    programs = binding._stage_programs
+
+    def counted(stage, shape, *args, **kwargs):
+        step, write, in_place = programs(stage, shape, *args, **kwargs)
+
+        def write_counted(*operands):
+            if shape[1] == 1:
+                calls.append(shape)
+            return write(*operands)
+
+        return step, write_counted, in_place
+
+    monkeypatch.setattr(binding, "_stage_programs", counted)
+    return calls
+
+
 def _decode_program(engine: Engine, rows: int = 4) -> str:
     step, _ = parts(engine).runner.binding.programs(0, (rows, 1))
     return step.as_text()
 
 
 @pytest.mark.parametrize("layout", ["single", "tp:2", "pp:4,4@2,2"])
-def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layout):
+def test_every_layout_decodes_with_the_kernel_to_the_xla_tokens(xla_tokens, layout, monkeypatch):
     engine = Engine.from_pretrained("tiny", layout=layout, **OPTIONS)
     assert parts(engine).runner.kernels == "native"
+    decode_writes = _count_decode_writes(engine, monkeypatch)
     assert [o.token_ids for o in engine.generate(PROMPTS, max_new_tokens=6)] == xla_tokens
+    monkeypatch.undo()
+    # A decode step that updated every GDN state in its slot leaves no write program to run.
+    assert (decode_writes == []) == (layout == "single")
     assert "flipjax_gdn_decode" in _decode_program(engine)
     assert "flipjax_paged_decode" in _decode_program(engine)  # per device over its heads
     assert "flipjax_gated_norm" in _decode_program(engine)  # so too the GDN output norm
