@@ -38,10 +38,11 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from flipjax.benchmarks import step_profile
 from flipjax.benchmarks.kernel_paths import kernel_paths
 from flipjax.benchmarks.llama_cpp import Unavailable, prepare_llama_cpp
 from flipjax.benchmarks.machine import copy_bandwidth_gbs, matmul_tflops, matvec_seconds
-from flipjax.benchmarks.matmul_bound import Round, describe, timed_beside
+from flipjax.benchmarks.matmul_bound import Round, describe, gemm_rates, timed_beside
 from flipjax.benchmarks.run_timing import Timing, TokenTimes, interleaved, measure, output_times
 
 # The reference config of the engine benchmark (about 133M parameters).
@@ -139,6 +140,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the KV pool's pages (default: just what the largest batch needs); a decode "
         "step should cost the same with a large pool as with a small one",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after each batch's rounds, trace one more flipjax run and print where a decode "
+        "step's time goes (`flipjax.benchmarks.step_profile`)",
     )
     p.add_argument(
         "--disable-overlap-schedule",
@@ -281,4 +288,9 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
         )
         flops = 2 * batch * active_parameters(config, n_params, batch, per_token=True)
         print(f"      {describe(fj_rounds, batch, flops)}")
+        if args.profile:
+            events = step_profile.trace_events(lambda run=run_fj: run(args.decode_tokens + 1))
+            traced = step_profile.profile(events, step_profile.decode_program(batch))
+            gemm = max(gemm_rates(batch, dtype).values())
+            print("\n".join("      " + line for line in step_profile.describe(traced, gemm)))
     engine.check()
