@@ -290,7 +290,7 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
         print(f"      {describe(fj_rounds, batch, flops)}")
         if args.profile:
             events = step_profile.trace_events(lambda run=run_fj: run(args.decode_tokens + 1))
-            traced = step_profile.profile(events, step_profile.decode_program(batch))
+            traced = step_profile.profile(events, step_profile.decode_programs(batch))
             gemm = max(gemm_rates(batch, dtype).values())
             print("\n".join("      " + line for line in step_profile.describe(traced, gemm)))
     engine.check()

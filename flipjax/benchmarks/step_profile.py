@@ -62,18 +62,18 @@ class Program:
     ops: dict[str, Op]  # its entry computation's ops by name
 
 
-def decode_program(batch: int) -> Program:
-    """The one decode step program of `batch` rows compiled in this process (a binding's
-    program key ends in stage, shape, score, verify: `Binding._key`)."""
+def decode_programs(batch: int) -> list[Program]:
+    """The decode step programs of `batch` rows compiled in this process, one per distinct text
+    (a binding's program key ends in stage, shape, score, verify: `Binding._key`); `profile`
+    takes the one the traced steps ran."""
     texts = {
         step.as_text()
         for key, (step, _, _) in list(PROGRAMS.items())
         if key[-4:] == (0, (batch, 1), None, False)
     }
-    if len(texts) != 1:
-        raise ValueError(f"step profile: {len(texts)} decode programs of {batch} rows compiled")
-    text = texts.pop()
-    return Program(module_name(text), ops(text))
+    if not texts:
+        raise ValueError(f"step profile: no decode program of {batch} rows compiled")
+    return [Program(module_name(text), ops(text)) for text in sorted(texts)]
 
 
 def trace_events(run: Callable[[], Any]) -> list[dict]:
@@ -91,26 +91,33 @@ def trace_events(run: Callable[[], Any]) -> list[dict]:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
-def decode_runs(events: list[dict], program: Program) -> list[list[dict]]:
-    """The op events of each decode step run, in time order: of the runs of the program's
-    module (prefill steps are runs of a module of that name too), those of the most common set
-    of ops, which must all be the program's."""
+def decode_runs(events: list[dict], programs: list[Program]) -> tuple[list[list[dict]], Program]:
+    """The op events of each decode step run, in time order, and the program they ran: of the
+    runs of the programs' modules (prefill steps run a module of that name too), those of the
+    most common set of ops; their program is the one with the fewest ops that has them all (a
+    program of another model in the process may have more, never all of these and fewer)."""
+    modules = {p.module for p in programs}
     runs: dict[str, list[dict]] = collections.defaultdict(list)
     for e in events:
         args = e.get("args") or {}
-        if e.get("ph") == "X" and args.get("hlo_module") == program.module and "run_id" in args:
+        if e.get("ph") == "X" and args.get("hlo_module") in modules and "run_id" in args:
             runs[args["run_id"]].append(e)
     if not runs:
-        raise ValueError(f"step profile: the trace has no op events of {program.module}")
+        raise ValueError(f"step profile: the trace has no op events of {', '.join(modules)}")
     sets = collections.Counter(frozenset(e["args"]["hlo_op"] for e in r) for r in runs.values())
     common, _ = sets.most_common(1)[0]
-    if unknown := sorted(common - program.ops.keys()):
+    having = [p for p in programs if common <= p.ops.keys()]
+    if not having:
+        unknown = sorted(
+            common - min(programs, key=lambda p: len(common - p.ops.keys())).ops.keys()
+        )
         raise ValueError(
             f"step profile: the most common program run has ops the decode program lacks "
             f"({', '.join(unknown[:5])}): it is not the decode step"
         )
     steps = [r for r in runs.values() if frozenset(e["args"]["hlo_op"] for e in r) == common]
-    return sorted((sorted(r, key=lambda e: e["ts"]) for r in steps), key=lambda r: r[0]["ts"])
+    ordered = sorted((sorted(r, key=lambda e: e["ts"]) for r in steps), key=lambda r: r[0]["ts"])
+    return ordered, min(having, key=lambda p: len(p.ops))
 
 
 def _busy(run: list[dict]) -> float:
@@ -124,9 +131,10 @@ def _busy(run: list[dict]) -> float:
     return busy
 
 
-def profile(events: list[dict], program: Program) -> StepProfile:
-    """The decode steps' mean breakdown from a trace's `events`, `program` the decode step's."""
-    runs, ops = decode_runs(events, program), program.ops
+def profile(events: list[dict], programs: list[Program]) -> StepProfile:
+    """The decode steps' mean breakdown from a trace's `events`, the step one of `programs`."""
+    runs, program = decode_runs(events, programs)
+    ops = program.ops
     if len(runs) < 2:
         raise ValueError(f"step profile: {len(runs)} decode step traced, need at least two")
     starts = [r[0]["ts"] for r in runs]

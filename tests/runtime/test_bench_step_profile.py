@@ -72,7 +72,11 @@ def test_a_traced_steps_rows_sum_to_the_step_and_bound_what_a_step_can_reach():
     for i in range(3):
         events += _run("jit_step", f"d{i}", i * 10_000, STEP)
         events += _run("jit_sample", f"s{i}", i * 10_000 + 8600, [("mm", 0, 300)])
-    p = step_profile.profile(events, PROGRAM)
+    # Programs of other models in the process: one with these ops and more (its product of
+    # other FLOPs), one without the recurrence. The steps ran the one with the fewest ops.
+    bigger = Program("jit_step", {**PROGRAM.ops, "mm": Op(MATMULS, 7e9), "mm2": Op(MATMULS, 1)})
+    lacking = Program("jit_step", {k: v for k, v in PROGRAM.ops.items() if k != "gdn"})
+    p = step_profile.profile(events, [bigger, lacking, PROGRAM])
     assert p.steps == 3
     assert p.step_s == pytest.approx(0.010)
     want = {
@@ -98,9 +102,9 @@ def test_a_trace_whose_common_run_is_not_the_decode_program_is_refused():
     for i in range(3):
         events += _run("jit_step", f"d{i}", i * 10_000, [*STEP, ("scatter", 8600, 10)])
     with pytest.raises(ValueError, match="decode program lacks \\(scatter\\)"):
-        step_profile.profile(events, PROGRAM)
+        step_profile.profile(events, [PROGRAM])
     with pytest.raises(ValueError, match="no op events of jit_other"):
-        step_profile.profile(events, Program("jit_other", PROGRAM.ops))
+        step_profile.profile(events, [Program("jit_other", PROGRAM.ops)])
 
 
 def test_a_real_decode_step_is_traced_with_every_weight_of_the_model_multiplied(tmp_path):
@@ -113,7 +117,7 @@ def test_a_real_decode_step_is_traced_with_every_weight_of_the_model_multiplied(
     prompts = [[(7 * i + 3) % 128 for i in range(n)] for n in (9, 14)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     events = step_profile.trace_events(lambda: engine.generate(prompts, sampling=params))
-    p = step_profile.profile(events, step_profile.decode_program(2))
+    p = step_profile.profile(events, step_profile.decode_programs(2))
     assert p.steps >= 5  # 7 decode steps, the first perhaps not yet in the steady program
     assert p.matmul_flops == 2 * 2 * linear
     kinds = {k for k, s in p.by_kind.items() if s > 0}
