@@ -42,7 +42,7 @@ from flipjax.benchmarks import step_profile
 from flipjax.benchmarks.kernel_paths import kernel_paths
 from flipjax.benchmarks.llama_cpp import Unavailable, prepare_llama_cpp
 from flipjax.benchmarks.machine import copy_bandwidth_gbs, matmul_tflops, matvec_seconds
-from flipjax.benchmarks.matmul_bound import Round, describe, gemm_rates, timed_beside
+from flipjax.benchmarks.matmul_bound import Round, describe, timed_beside
 from flipjax.benchmarks.run_timing import Timing, TokenTimes, interleaved, measure, output_times
 
 # The reference config of the engine benchmark (about 133M parameters).
@@ -275,6 +275,10 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
                 f"{batch:>5} {'vs ' + name:>15} {fj.prefill_tok_s / t.prefill_tok_s:>13.2f}x "
                 f"{fj.decode_tok_s / t.decode_tok_s:>12.2f}x"
             )
+        if args.profile:  # quantized, without the bound: its GEMM prices weights in --dtype
+            run = functools.partial(run_fj, args.decode_tokens + 1)
+            lines = step_profile.report(run, batch, None if args.quantization else dtype)
+            print("\n".join("      " + line for line in lines))
         if args.quantization is not None:
             continue  # the bounds below price weights in --dtype
         read_s = matvec_seconds(int(dense_bytes), dtype=dtype) / dense_bytes
@@ -288,9 +292,4 @@ def _run(args: argparse.Namespace, peers: list[str], config: dict, hf, folder: P
         )
         flops = 2 * batch * active_parameters(config, n_params, batch, per_token=True)
         print(f"      {describe(fj_rounds, batch, flops)}")
-        if args.profile:
-            events = step_profile.trace_events(lambda run=run_fj: run(args.decode_tokens + 1))
-            traced = step_profile.profile(events, step_profile.decode_programs(batch))
-            gemm = max(gemm_rates(batch, dtype).values())
-            print("\n".join("      " + line for line in step_profile.describe(traced, gemm)))
     engine.check()

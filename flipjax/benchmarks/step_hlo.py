@@ -2,8 +2,11 @@
 (`Op.kind`) and, for a matrix product, its FLOPs. `step_profile` names the ops of a traced step
 by it; XLA:CPU's trace events carry an op's HLO name and nothing more.
 
-Kinds: a native kernel by its custom-call target (the build's ISA suffix aside), an XLA dot
-(alone or inside a fusion) as "matmuls", everything else as "XLA's other ops".
+Kinds: a flipjax kernel by its custom-call target (the build's ISA suffix aside), another
+custom call by its target, an XLA dot (alone or inside a fusion) as "matmuls", everything else
+as "XLA's other ops". Only instructions that run as ops are named: parameters, constants,
+bitcasts and tuples have no op of their own in a program run (`ops` leaves them out, so that a
+traced run of the program has exactly these ops).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from dataclasses import dataclass
 MATMULS = "matmuls"
 OTHER_XLA = "XLA's other ops"
 
-# Native kernels by the part of their custom-call target that names them (`kernels_pallas`).
+# Instructions XLA:CPU runs no op for (it resolves them to buffers when it compiles).
+NO_OP = frozenset({"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "after-all"})
+# flipjax's kernels (`flipjax_*` targets, `kernels_pallas`) by the part of the target naming them.
 NATIVE_KINDS = (
     ("ragged_matmul", MATMULS),
     ("matmul", MATMULS),
@@ -51,7 +56,7 @@ def _instruction(line: str) -> tuple[str, str, str, str] | None:
     if not m:
         return None
     name, text = m.groups()
-    if text.startswith("("):  # a tuple: up to its closing parenthesis
+    if text.startswith("("):  # a tuple's shape has spaces: it ends at its closing parenthesis
         depth, end = 0, len(text)
         for i, c in enumerate(text):
             depth += {"(": 1, ")": -1}.get(c, 0)
@@ -97,8 +102,10 @@ def _dot_flops(lines: list[str]) -> float:
         contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
         if lhs is None or contracting is None or lhs.group(1) not in shapes:
             continue
-        left = shapes[lhs.group(1)]
-        k = math.prod(left[int(d)] for d in _dims(contracting.group(1)))
+        left, axes = shapes[lhs.group(1)], _dims(contracting.group(1))
+        if any(a >= len(left) for a in axes):  # a shape the pattern cannot read (dynamic)
+            continue
+        k = math.prod(left[a] for a in axes)
         flops += 2.0 * math.prod(shapes[name]) * k
     return flops
 
@@ -125,8 +132,8 @@ def module_name(hlo: str) -> str:
 
 
 def ops(hlo: str) -> dict[str, Op]:
-    """Each instruction of the entry computation of `hlo` (a compiled program's `as_text()`) by
-    name: what kind of work it does, and its FLOPs where it is a matrix product."""
+    """Each op of the entry computation of `hlo` (a compiled program's `as_text()`) by name:
+    what kind of work it does, and its FLOPs where it is a matrix product."""
     bodies = _computations(hlo)
     if "ENTRY" not in bodies:
         raise ValueError("step HLO: no entry computation in the program's text")
@@ -136,16 +143,20 @@ def ops(hlo: str) -> dict[str, Op]:
         if (parsed := _instruction(line)) is None:
             continue
         name, _, opcode, rest = parsed
+        if opcode in NO_OP:
+            continue
         target = re.search(r'custom_call_target="([^"]+)"', rest)
         if opcode == "custom-call" and target:
-            kind = next((k for part, k in NATIVE_KINDS if part in target.group(1)), None)
-            kind = kind or f"other native ({target.group(1)})"
+            called = target.group(1)
+            kind = next((k for part, k in NATIVE_KINDS if part in called), None)
+            if not called.startswith("flipjax_") or kind is None:
+                kind = f"custom call ({called})"  # XLA's own (TopK), or a kernel not listed
             flops = _native_matmul_flops(rest) if kind == MATMULS else 0.0
             found[name] = Op(kind, flops)
             continue
-        if opcode == "dot":  # the dot, after the lines that give its operands' shapes
+        if opcode == "dot":  # after the lines that give its operands' shapes, which it names only
             flops = _dot_flops([*_defining(entry, rest), line])
-        else:  # a fusion's dots
+        else:  # YNNPACK's dots, among others, run as fusions that call them
             called = re.search(r"calls=%([\w.\-]+)", rest)
             flops = _dot_flops(bodies.get(called.group(1), [])) if called else 0.0
         found[name] = Op(MATMULS, flops) if flops else Op(OTHER_XLA, 0.0)

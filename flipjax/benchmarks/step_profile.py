@@ -3,8 +3,8 @@
 One run of the batch is traced with `jax.profiler` (the Python tracer off: it would slow the host
 thread, which on a small machine shares the cores with the step). XLA:CPU's trace names each op
 of a program run by its HLO name and the run it belongs to; the decode step program's optimized
-HLO (`step_hlo`) says what each op is. The decode steps are the runs of the trace's most common
-set of ops, which must all be the decode program's.
+HLO (`step_hlo`) says what each op is. The decode steps are the runs with exactly the decode
+program's ops.
 
 Per step (mean over the traced steps): each kind of op's time, the time ops ran side by side
 (counted once per op above it, so taken back), the time the step program had no op running (it
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import gzip
-import itertools
 import json
 import statistics
 import tempfile
@@ -28,12 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
+from flipjax.benchmarks.matmul_bound import gemm_rates
 from flipjax.benchmarks.step_hlo import MATMULS, Op, module_name, ops
+from flipjax.runtime.buckets import pow2_bucket
 from flipjax.runtime.program_cache import PROGRAMS
 
 IDLE = "no op running in the step program"
-SIDE_BY_SIDE = "ops side by side (counted twice above)"
+SIDE_BY_SIDE = "ops side by side (counted more than once above)"
 BETWEEN = "between step programs (sampling, host)"
 TAIL = (IDLE, SIDE_BY_SIDE, BETWEEN)
 
@@ -41,7 +43,7 @@ TAIL = (IDLE, SIDE_BY_SIDE, BETWEEN)
 @dataclass(frozen=True)
 class StepProfile:
     steps: int  # decode steps traced
-    step_s: float  # mean start-to-start of consecutive decode steps
+    step_s: float  # mean span of a step program, and from its end to the next step's start
     by_kind: dict[str, float]  # seconds per step, IDLE and BETWEEN included; sums to step_s
     matmul_flops: float  # per step
 
@@ -92,32 +94,32 @@ def trace_events(run: Callable[[], Any]) -> list[dict]:
 
 
 def decode_runs(events: list[dict], programs: list[Program]) -> tuple[list[list[dict]], Program]:
-    """The op events of each decode step run, in time order, and the program they ran: of the
-    runs of the programs' modules (prefill steps run a module of that name too), those of the
-    most common set of ops; their program is the one with the fewest ops that has them all (a
-    program of another model in the process may have more, never all of these and fewer)."""
+    """Each run of the programs' modules, in time order (each run's events in time order), and
+    which of `programs` the traced decode steps ran: the one whose every op, and no other, ran
+    in the most runs (prefill steps and a step's write program run modules of the same name,
+    and their ops are named alike, but never all of the step's)."""
     modules = {p.module for p in programs}
-    runs: dict[str, list[dict]] = collections.defaultdict(list)
+    by_id: dict[str, list[dict]] = collections.defaultdict(list)
     for e in events:
         args = e.get("args") or {}
-        if e.get("ph") == "X" and args.get("hlo_module") in modules and "run_id" in args:
-            runs[args["run_id"]].append(e)
-    if not runs:
+        if e.get("ph") == "X" and "dur" in e and args.get("hlo_module") in modules:
+            by_id[args.get("run_id", "")].append(e)
+    if not by_id:
         raise ValueError(f"step profile: the trace has no op events of {', '.join(modules)}")
-    sets = collections.Counter(frozenset(e["args"]["hlo_op"] for e in r) for r in runs.values())
-    common, _ = sets.most_common(1)[0]
-    having = [p for p in programs if common <= p.ops.keys()]
-    if not having:
-        unknown = sorted(
-            common - min(programs, key=lambda p: len(common - p.ops.keys())).ops.keys()
-        )
+    runs = sorted(
+        (sorted(r, key=lambda e: e["ts"]) for r in by_id.values()), key=lambda r: r[0]["ts"]
+    )
+    sets = [frozenset(e["args"]["hlo_op"] for e in r) for r in runs]
+    counts = [sum(s == p.ops.keys() for s in sets) for p in programs]
+    best = max(counts)
+    if best < 2:
         raise ValueError(
-            f"step profile: the most common program run has ops the decode program lacks "
-            f"({', '.join(unknown[:5])}): it is not the decode step"
+            f"step profile: {best} traced run has exactly the ops of a decode program of "
+            f"{len(programs[0].ops)} ops (runs of {sorted({len(s) for s in sets})} ops)"
         )
-    steps = [r for r in runs.values() if frozenset(e["args"]["hlo_op"] for e in r) == common]
-    ordered = sorted((sorted(r, key=lambda e: e["ts"]) for r in steps), key=lambda r: r[0]["ts"])
-    return ordered, min(having, key=lambda p: len(p.ops))
+    if counts.count(best) > 1:
+        raise ValueError("step profile: two decode programs have the same ops; cannot tell them")
+    return runs, programs[counts.index(best)]
 
 
 def _busy(run: list[dict]) -> float:
@@ -132,40 +134,62 @@ def _busy(run: list[dict]) -> float:
 
 
 def profile(events: list[dict], programs: list[Program]) -> StepProfile:
-    """The decode steps' mean breakdown from a trace's `events`, the step one of `programs`."""
+    """The decode steps' mean breakdown from a trace's `events`, the step one of `programs`.
+    A step's time is its program's span and the time from its end to the next step's start,
+    the latter over pairs of steps with no other step program (a prefill) between them."""
     runs, program = decode_runs(events, programs)
     ops = program.ops
-    if len(runs) < 2:
-        raise ValueError(f"step profile: {len(runs)} decode step traced, need at least two")
-    starts = [r[0]["ts"] for r in runs]
-    spans = [max(e["ts"] + e["dur"] for e in r) - r[0]["ts"] for r in runs]
-    step_us = statistics.fmean(b - a for a, b in itertools.pairwise(starts))
+    step = [frozenset(e["args"]["hlo_op"] for e in r) == ops.keys() for r in runs]
+    steps = [r for r, is_step in zip(runs, step, strict=True) if is_step]
+    ends = [max(e["ts"] + e["dur"] for e in r) for r in runs]
+    gaps, last = [], None  # the index of the last step seen, while no other step came since
+    for i, r in enumerate(runs):
+        if step[i]:
+            if last is not None:
+                gaps.append(r[0]["ts"] - ends[last])
+            last = i
+        elif len(r) * 2 >= len(ops):  # another step program: the pair spans it
+            last = None
+    if not gaps:
+        raise ValueError("step profile: no two decode steps ran one after the other")
+    span = statistics.fmean(max(e["ts"] + e["dur"] for e in r) - r[0]["ts"] for r in steps)
     by_kind: dict[str, float] = collections.defaultdict(float)
-    for r in runs:
+    for r in steps:
         for e in r:
-            by_kind[ops[e["args"]["hlo_op"]].kind] += e["dur"] / len(runs)
-    busy = statistics.fmean(_busy(r) for r in runs)
+            by_kind[ops[e["args"]["hlo_op"]].kind] += e["dur"] / len(steps)
+    busy = statistics.fmean(_busy(r) for r in steps)
     by_kind[SIDE_BY_SIDE] = busy - sum(by_kind.values())
-    by_kind[IDLE] = statistics.fmean(spans) - busy
-    by_kind[BETWEEN] = step_us - statistics.fmean(spans)
-    flops = sum(ops[e["args"]["hlo_op"]].flops for e in runs[0])
+    by_kind[IDLE] = span - busy
+    by_kind[BETWEEN] = statistics.fmean(gaps)
+    flops = sum(op.flops for op in ops.values())
     seconds = {kind: us / 1e6 for kind, us in by_kind.items()}
-    return StepProfile(len(runs), step_us / 1e6, seconds, flops)
+    return StepProfile(len(steps), (span + by_kind[BETWEEN]) / 1e6, seconds, flops)
 
 
-def describe(p: StepProfile, gemm_flops: float) -> list[str]:
-    """The breakdown's lines, then the best fraction of the bound a step allows."""
+def report(run: Callable[[], Any], batch: int, dtype: jnp.dtype | None) -> list[str]:
+    """`run()` (a batch of `batch` rows) traced, and its decode steps' breakdown described;
+    with `dtype`, against the bound's GEMM timed right after."""
+    events = trace_events(run)
+    traced = profile(events, decode_programs(pow2_bucket(batch)))  # the rows a step runs
+    return describe(traced, max(gemm_rates(batch, dtype).values()) if dtype else None)
+
+
+def describe(p: StepProfile, gemm_flops: float | None) -> list[str]:
+    """The breakdown's lines, then (given the bound's GEMM rate) the best fraction of the bound
+    a step allows."""
     lines = [f"a decode step, traced ({p.steps} steps, mean per step):"]
     order = sorted((k for k in p.by_kind if k not in TAIL), key=lambda k: -p.by_kind[k])
     for kind in [*order, *TAIL]:
         s = p.by_kind[kind]
         if kind == SIDE_BY_SIDE and abs(s) < 5e-6:
             continue  # ops ran one at a time
-        line = f"  {kind:<42} {s * 1e3:7.2f} ms {s / p.step_s:6.1%}"
+        line = f"  {kind:<48} {s * 1e3:7.2f} ms {s / p.step_s:6.1%}"
         if kind == MATMULS:
             line += f"  ({p.matmul_flops / 1e9:.2f} GFLOP at {p.matmul_rate() / 1e9:.0f} GFLOP/s)"
         lines.append(line)
-    lines.append(f"  {'step':<42} {p.step_s * 1e3:7.2f} ms")
+    lines.append(f"  {'step':<48} {p.step_s * 1e3:7.2f} ms")
+    if gemm_flops is None:
+        return lines
     at_bound = p.matmul_flops / gemm_flops
     rest = p.step_s - p.by_kind.get(MATMULS, 0.0)
     lines.append(
