@@ -93,11 +93,13 @@ def trace_events(run: Callable[[], Any]) -> list[dict]:
     return doc["traceEvents"] if isinstance(doc, dict) else doc
 
 
-def decode_runs(events: list[dict], programs: list[Program]) -> tuple[list[list[dict]], Program]:
-    """Each run of the programs' modules, in time order (each run's events in time order), and
-    which of `programs` the traced decode steps ran: the one whose every op, and no other, ran
-    in the most runs (prefill steps and a step's write program run modules of the same name,
-    and their ops are named alike, but never all of the step's)."""
+def decode_runs(
+    events: list[dict], programs: list[Program]
+) -> tuple[list[list[dict]], list[bool], Program]:
+    """Each run of the programs' modules, in time order (each run's events in time order),
+    whether it is a decode step, and which of `programs` the steps ran: the one whose every op,
+    and no other, ran in the most runs (prefill steps and a step's write program run modules of
+    the same name, and their ops are named alike, but never all of the step's)."""
     modules = {p.module for p in programs}
     by_id: dict[str, list[dict]] = collections.defaultdict(list)
     for e in events:
@@ -119,7 +121,8 @@ def decode_runs(events: list[dict], programs: list[Program]) -> tuple[list[list[
         )
     if counts.count(best) > 1:
         raise ValueError("step profile: two decode programs have the same ops; cannot tell them")
-    return runs, programs[counts.index(best)]
+    program = programs[counts.index(best)]
+    return runs, [s == program.ops.keys() for s in sets], program
 
 
 def _busy(run: list[dict]) -> float:
@@ -137,10 +140,9 @@ def profile(events: list[dict], programs: list[Program]) -> StepProfile:
     """The decode steps' mean breakdown from a trace's `events`, the step one of `programs`.
     A step's time is its program's span and the time from its end to the next step's start,
     the latter over pairs of steps with no other step program (a prefill) between them."""
-    runs, program = decode_runs(events, programs)
+    runs, step, program = decode_runs(events, programs)
     ops = program.ops
-    step = [frozenset(e["args"]["hlo_op"] for e in r) == ops.keys() for r in runs]
-    steps = [r for r, is_step in zip(runs, step, strict=True) if is_step]
+    steps = [i for i, is_step in enumerate(step) if is_step]
     ends = [max(e["ts"] + e["dur"] for e in r) for r in runs]
     gaps, last = [], None  # the index of the last step seen, while no other step came since
     for i, r in enumerate(runs):
@@ -152,12 +154,12 @@ def profile(events: list[dict], programs: list[Program]) -> StepProfile:
             last = None
     if not gaps:
         raise ValueError("step profile: no two decode steps ran one after the other")
-    span = statistics.fmean(max(e["ts"] + e["dur"] for e in r) - r[0]["ts"] for r in steps)
+    span = statistics.fmean(ends[i] - runs[i][0]["ts"] for i in steps)
     by_kind: dict[str, float] = collections.defaultdict(float)
-    for r in steps:
-        for e in r:
+    for i in steps:
+        for e in runs[i]:
             by_kind[ops[e["args"]["hlo_op"]].kind] += e["dur"] / len(steps)
-    busy = statistics.fmean(_busy(r) for r in steps)
+    busy = statistics.fmean(_busy(runs[i]) for i in steps)
     by_kind[SIDE_BY_SIDE] = busy - sum(by_kind.values())
     by_kind[IDLE] = span - busy
     by_kind[BETWEEN] = statistics.fmean(gaps)
