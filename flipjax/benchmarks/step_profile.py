@@ -51,11 +51,16 @@ class StepProfile:
         """FLOP/s of the step's matmuls as they ran."""
         return self.matmul_flops / self.by_kind[MATMULS] if self.by_kind.get(MATMULS) else 0.0
 
+    @property
+    def rest_s(self) -> float:
+        """Seconds of a step outside its matmuls."""
+        return self.step_s - self.by_kind.get(MATMULS, 0.0)
+
     def best_fraction(self, gemm_flops: float) -> float:
         """The fraction of the matmul bound a step reaches with its matmuls at `gemm_flops` (the
         bound's own rate) and everything else as traced."""
         at_bound = self.matmul_flops / gemm_flops
-        return at_bound / (at_bound + self.step_s - self.by_kind.get(MATMULS, 0.0))
+        return at_bound / (at_bound + self.rest_s)
 
 
 @dataclass(frozen=True)
@@ -196,12 +201,10 @@ def describe(p: StepProfile, gemm_flops: float | None) -> list[str]:
     lines.append(f"  {'step':<48} {p.step_s * 1e3:7.2f} ms")
     if gemm_flops is None:
         return lines
-    at_bound = p.matmul_flops / gemm_flops
-    rest = p.step_s - p.by_kind.get(MATMULS, 0.0)
     lines.append(
         f"  its matmuls at the bound's GEMM rate ({gemm_flops / 1e9:.0f} GFLOP/s, the fastest of "
-        f"three timed after the trace) would take {at_bound * 1e3:.2f} ms; with the rest of "
-        f"the step as traced ({rest * 1e3:.2f} ms), a step reaches at most "
+        f"three timed after the trace) would take {p.matmul_flops / gemm_flops * 1e3:.2f} ms; "
+        f"with the rest of the step as traced ({p.rest_s * 1e3:.2f} ms), a step reaches at most "
         f"{p.best_fraction(gemm_flops):.0%} of the matmul bound"
     )
     return lines
